@@ -1,0 +1,57 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   installs everything, builds the tiny model, runs the CPU demo sweep against real vLLM
+#   make test   installs everything and runs the whole test suite (unit, integration, e2e)
+PYTHON ?= python3
+VENV := .venv
+VLLM_VENV := .venv-vllm
+MODEL_DIR := .cache/tiny-llama
+PY := $(VENV)/bin/python
+DEMO_OUT ?= results/cpu-demo
+PYTEST_ARGS ?=
+
+.PHONY: install vllm model demo test unit integration e2e bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+vllm:
+	PYTHON=$(PYTHON) VLLM_VENV=$(CURDIR)/$(VLLM_VENV) bash scripts/setup-vllm.sh
+
+model: vllm
+	bash scripts/build-tiny-model.sh $(MODEL_DIR)
+
+# The demo's server command is vLLM's module form (`python -m vllm...`), so the vLLM environment's
+# python goes first on PATH; the planner itself runs from its own environment.
+demo: install model
+	PATH="$(CURDIR)/$(VLLM_VENV)/bin:$$PATH" PLANNER_TINY_MODEL=$(CURDIR)/$(MODEL_DIR) \
+	  $(VENV)/bin/planner sweep --config examples/cpu-demo.toml --output $(DEMO_OUT)
+
+# pytest exits 5 when it collected no test; that must fail, not pass quietly.
+define run_pytest
+	PLANNER_TINY_MODEL=$(CURDIR)/$(MODEL_DIR) PLANNER_VLLM_VENV=$(CURDIR)/$(VLLM_VENV) \
+	  $(PY) -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+endef
+
+test: install model
+	$(call run_pytest,tests)
+
+unit: install
+	$(call run_pytest,tests/unit)
+
+integration: install
+	$(call run_pytest,tests/integration)
+
+e2e: install model
+	$(call run_pytest,-m e2e tests)
+
+bench: install
+	$(PY) benchmarks/client_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

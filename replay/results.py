@@ -1,0 +1,132 @@
+"""The results schema (replay.json) and its atomic writer.
+
+Every figure carries its unit in its name. Results are pure data: reports and plots are rebuilt
+from them without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+LoadMode = Literal["concurrency", "rate", "trace"]
+
+
+class _Model(BaseModel):
+    # Results files are read back by `planner report`; tolerate fields added by later versions.
+    model_config = ConfigDict(extra="ignore")
+
+
+class LatencySummary(_Model):
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+
+class LoadSpec(_Model):
+    mode: LoadMode
+    # concurrency: requests in flight; rate: requests per second; trace: speed factor
+    value: float
+    seed: int | None = None
+
+
+class ServerSummary(_Model):
+    metrics_available: bool = False
+    # Why metrics are missing, when they are ("no vllm:* metrics at /metrics", "HTTP 404", ...).
+    metrics_note: str | None = None
+    samples: int = 0
+    kv_cache_usage_peak: float | None = None
+    preemptions: float | None = None
+    running_peak: float | None = None
+    waiting_peak: float | None = None
+
+
+class ClientSummary(_Model):
+    # Open-loop loads: how late requests left against their schedule.
+    send_lag_p99_ms: float | None = None
+    # How late the event loop woke against a 10 ms ticker, for every load mode.
+    loop_lag_p99_ms: float | None = None
+    client_limited: bool = False
+    note: str | None = None
+
+
+class StepResult(_Model):
+    load: LoadSpec
+    started_at: str
+    warmup_requests: int
+    window_s: float
+    requests_ok: int
+    requests_failed: int
+    # Still running when the window closed: finished but not counted.
+    requests_drained: int = 0
+    errors: dict[str, int] = Field(default_factory=dict)
+    error_samples: dict[str, str] = Field(default_factory=dict)
+    ttft_ms: LatencySummary
+    itl_ms: LatencySummary
+    tpot_ms: LatencySummary
+    e2e_ms: LatencySummary
+    requests_per_s: float
+    input_tokens_per_s: float | None
+    output_tokens_per_s: float
+    # "usage" when every counted request carried a usage chunk; "chunks" when the server sent
+    # none and tokens were counted as content chunks; "mixed" otherwise.
+    tokens_source: Literal["usage", "chunks", "mixed", "none"]
+    server: ServerSummary
+    client: ClientSummary
+    slo_pass: bool
+    slo_violations: list[str] = Field(default_factory=list)
+    # SLOs that could not be checked (no vLLM metrics for max_preemptions, ...).
+    slo_unverified: list[str] = Field(default_factory=list)
+    # Filled in by planner sweep: peak used memory per GPU during the step.
+    gpu_memory_peak_mib: dict[str, float] | None = None
+
+
+class CorpusInfo(_Model):
+    path: str
+    sha256: str
+    requests: int
+    skipped_invalid: int = 0
+
+
+class ReplayResults(_Model):
+    schema_version: int = SCHEMA_VERSION
+    started_at: str
+    url: str
+    model: str
+    api: Literal["completions", "chat"]
+    corpus: CorpusInfo
+    settings: dict[str, Any]
+    slo: dict[str, float]
+    steps: list[StepResult] = Field(default_factory=list)
+    find_max: bool = False
+    max_passing_concurrency: int | None = None
+    min_failing_concurrency: int | None = None
+    binding_constraint: str | None = None
+    interrupted: bool = False
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that a reader sees the old file or the new one, never half of either."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
