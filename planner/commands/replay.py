@@ -1,0 +1,129 @@
+"""`planner replay`: replay a corpus against a running server at given loads, or find the max."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from rich.console import Console
+
+from planner.cliargs import build, comma_list, env_default
+from planner.progress import StepProgress
+from planner.tables import replay_summary, steps_table
+from replay import slo as slo_mod
+from replay.corpus import load_corpus
+from replay.observer import Observers
+from replay.session import RESULTS_FILE, run_replay
+from replay.settings import ReplaySettings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay a prompt corpus against a running OpenAI-compatible server",
+        description="Replay a prompt corpus against a running OpenAI-compatible server (vLLM first) and check the SLOs.",
+    )
+    p.add_argument("--prompts", required=True, type=Path, help="corpus JSONL (see prompts/README.md)")
+    p.add_argument("--url", default=env_default("PLANNER_URL"), help="server base URL, e.g. http://127.0.0.1:8000 (env PLANNER_URL)")
+    p.add_argument("--model", default=None, help="served model name (default: the first in /v1/models)")
+    p.add_argument("--api", choices=["completions", "chat"], default="completions", help="endpoint (default completions)")
+    p.add_argument("--api-key", default=env_default("PLANNER_API_KEY"), help="sent as a Bearer token (env PLANNER_API_KEY)")
+    load = p.add_argument_group("loads (run in this order)")
+    load.add_argument("--concurrency", type=comma_list(int, "integers"), default=[], metavar="N[,N...]", help="closed-loop: N requests in flight")
+    load.add_argument("--rate", type=comma_list(float, "numbers"), default=[], metavar="R[,R...]", help="open-loop Poisson arrivals, requests/s")
+    load.add_argument("--trace", action="store_true", help="replay the corpus's timestamp_s arrivals")
+    load.add_argument("--speed", type=float, default=1.0, help="trace speed factor (default 1.0)")
+    load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules (saved in the results)")
+    load.add_argument("--find-max", action="store_true", help="search the highest concurrency that passes every SLO")
+    load.add_argument("--start-concurrency", type=int, default=1, help="first probe of the search (default 1)")
+    load.add_argument("--max-concurrency", type=int, default=None, help="cap of the search")
+    win = p.add_argument_group("measurement window")
+    win.add_argument("--warmup-requests", type=int, default=None, help="unmeasured requests first (default: the concurrency)")
+    win.add_argument("--warmup-s", type=float, default=0.0, help="unmeasured seconds first")
+    win.add_argument("--min-requests", type=int, default=100, help="measured requests per step (default 100)")
+    win.add_argument("--min-window-s", type=float, default=0.0, help="shortest measurement window")
+    win.add_argument("--max-window-s", type=float, default=600.0, help="longest measurement window (default 600)")
+    req = p.add_argument_group("requests")
+    req.add_argument("--max-tokens", type=int, default=None, help="output length for lines without max_tokens")
+    req.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="do not send ignore_eos: true")
+    req.add_argument("--request-timeout-s", type=float, default=600.0, help="per-request time-out (default 600)")
+    p.add_argument(
+        "--slo",
+        default=",".join(f"{k}={v:g}" for k, v in slo_mod.DEFAULT_SLO.items()),
+        help=f"SLOs as key=value,... (default %(default)s); keys: {slo_mod.VALID_KEYS_HELP}",
+    )
+    p.add_argument("--skip-invalid", action="store_true", help="skip invalid corpus lines (and report how many)")
+    p.add_argument("--output", type=Path, default=None, help=f"write DIR/{RESULTS_FILE} after every step, and the report")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve the planner's Prometheus metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server (default 127.0.0.1)")
+    p.set_defaults(run=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
+    return build(
+        ReplaySettings,
+        dict(
+            api=args.api,
+            max_tokens=args.max_tokens,
+            ignore_eos=args.ignore_eos,
+            request_timeout_s=args.request_timeout_s,
+            concurrency=args.concurrency,
+            rate=args.rate,
+            trace=args.trace,
+            trace_speed=args.speed,
+            seed=args.seed,
+            warmup_requests=args.warmup_requests,
+            warmup_s=args.warmup_s,
+            min_requests=args.min_requests,
+            min_window_s=args.min_window_s,
+            max_window_s=args.max_window_s,
+            find_max=args.find_max,
+            start_concurrency=args.start_concurrency,
+            max_concurrency=args.max_concurrency,
+        ),
+        source="planner replay",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.errors import ConfigError
+
+    if not args.url:
+        raise ConfigError("--url is required (or set PLANNER_URL), e.g. --url http://127.0.0.1:8000")
+    settings = settings_from_args(args)
+    slo = slo_mod.parse(args.slo)
+    corpus = load_corpus(args.prompts, skip_invalid=args.skip_invalid)
+    console = Console()
+    if corpus.skipped_invalid:
+        Console(stderr=True).print(f"skipped {corpus.skipped_invalid} invalid corpus lines (--skip-invalid)")
+
+    exporter = None
+    if args.metrics_port is not None:
+        from planner.exporter import PlannerMetrics
+
+        exporter = PlannerMetrics()
+        exporter.start(host=args.metrics_host, port=args.metrics_port)
+    try:
+        with StepProgress(settings.min_requests) as progress:
+            results = asyncio.run(
+                run_replay(
+                    url=args.url.rstrip("/"),
+                    corpus=corpus,
+                    settings=settings,
+                    slo=slo,
+                    model=args.model,
+                    api_key=args.api_key,
+                    output_dir=args.output,
+                    observer=Observers(progress, exporter),
+                )
+            )
+    finally:
+        if exporter is not None:
+            exporter.stop()
+    console.print(steps_table(results.steps, title=f"{results.model} at {results.url}"))
+    for line in replay_summary(results):
+        console.print(line)
+    if args.output is not None:
+        console.print(f"results: {args.output / RESULTS_FILE}")
+    return 0

@@ -1,0 +1,79 @@
+"""A live progress line per step (measured/target, in flight, current p99 TTFT), on stderr."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from replay.records import RequestRecord
+from replay.results import LoadSpec, StepResult
+
+_LABELS = {"concurrency": "concurrency {v:g}", "rate": "rate {v:g}/s", "trace": "trace x{v:g}"}
+# Recomputing a percentile on every request would cost more than the request at high rates.
+_P99_EVERY_S = 0.5
+
+
+class StepProgress:
+    """Implements replay.observer.ReplayObserver."""
+
+    def __init__(self, target_requests: int, *, prefix: str = "", console: Console | None = None) -> None:
+        self._target = target_requests
+        self._prefix = prefix
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("in flight {task.fields[inflight]:>4}  p99 TTFT {task.fields[p99]}"),
+            TimeElapsedColumn(),
+            console=console or Console(stderr=True),
+            transient=False,
+        )
+        self._task = None
+        self._inflight = 0
+        self._ttft_ms: list[float] = []
+        self._p99_at = 0.0
+
+    def __enter__(self) -> StepProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.stop()
+
+    def set_prefix(self, prefix: str) -> None:
+        self._prefix = prefix
+
+    def step_started(self, load: LoadSpec) -> None:
+        self._inflight = 0
+        self._ttft_ms = []
+        label = _LABELS[load.mode].format(v=load.value)
+        self._task = self._progress.add_task(
+            f"{self._prefix}{label}", total=self._target, inflight=0, p99="-"
+        )
+
+    def request_sent(self) -> None:
+        self._inflight += 1
+
+    def request_finished(self, record: RequestRecord, *, measured: bool) -> None:
+        self._inflight -= 1
+        if measured and record.ttft_s is not None:
+            self._ttft_ms.append(record.ttft_s * 1e3)
+        fields = {"inflight": self._inflight}
+        now = time.monotonic()
+        if self._ttft_ms and now - self._p99_at > _P99_EVERY_S:
+            self._p99_at = now
+            fields["p99"] = f"{np.percentile(self._ttft_ms, 99):.0f} ms"
+        self._progress.update(self._task, completed=min(len(self._ttft_ms), self._target), **fields)
+
+    def step_finished(self, step: StepResult) -> None:
+        verdict = "pass" if step.slo_pass else "FAIL " + ",".join(step.slo_violations)
+        p99 = step.ttft_ms.p99
+        self._progress.update(
+            self._task,
+            completed=self._target,
+            inflight=0,
+            p99=f"{p99:.0f} ms  {verdict}" if p99 is not None else f"-  {verdict}",
+        )

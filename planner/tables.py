@@ -1,0 +1,71 @@
+"""The final tables printed on stdout."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from replay.results import ReplayResults, StepResult
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def load_label(step: StepResult) -> str:
+    v = step.load.value
+    return {"concurrency": f"c={v:g}", "rate": f"{v:g} req/s", "trace": f"trace x{v:g}"}[step.load.mode]
+
+
+def steps_table(steps: list[StepResult], title: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name, justify in [
+        ("load", "left"),
+        ("ok", "right"),
+        ("failed", "right"),
+        ("req/s", "right"),
+        ("out tok/s", "right"),
+        ("TTFT p50", "right"),
+        ("TTFT p99", "right"),
+        ("ITL p99", "right"),
+        ("E2E p99", "right"),
+        ("KV peak", "right"),
+        ("preempt", "right"),
+        ("waiting", "right"),
+        ("SLO", "left"),
+    ]:
+        table.add_column(name, justify=justify)
+    for s in steps:
+        kv = s.server.kv_cache_usage_peak
+        table.add_row(
+            load_label(s),
+            str(s.requests_ok),
+            str(s.requests_failed),
+            fmt(s.requests_per_s, 2),
+            fmt(s.output_tokens_per_s, 0),
+            fmt(s.ttft_ms.p50) + " ms",
+            fmt(s.ttft_ms.p99) + " ms",
+            fmt(s.itl_ms.p99, 1) + " ms",
+            fmt(s.e2e_ms.p99) + " ms",
+            "-" if kv is None else f"{kv:.0%}",
+            fmt(s.server.preemptions),
+            fmt(s.server.waiting_peak),
+            "pass" if s.slo_pass else "FAIL: " + ", ".join(s.slo_violations),
+        )
+    return table
+
+
+def replay_summary(results: ReplayResults) -> list[str]:
+    lines = []
+    if results.find_max:
+        lines.append(
+            f"highest passing concurrency: {results.max_passing_concurrency if results.max_passing_concurrency is not None else 'none'}"
+            f"  (lowest failing: {results.min_failing_concurrency if results.min_failing_concurrency is not None else 'none'};"
+            f" bound by: {results.binding_constraint or '-'})"
+        )
+    for s in results.steps:
+        if s.client.client_limited:
+            lines.append(f"warning: {load_label(s)}: {s.client.note}")
+        if not s.server.metrics_available:
+            lines.append(f"note: {load_label(s)}: no server metrics ({s.server.metrics_note})")
+            break
+    return lines

@@ -1,0 +1,152 @@
+"""Scrape a server's /metrics while a step runs and keep what capacity planning needs.
+
+vLLM's metric names are declared as data; a server without them (another OpenAI-compatible
+server, or vLLM with --disable-log-stats) is fine and is said so in the results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from replay.results import ServerSummary
+
+# Sample names as they appear in the exposition text (counters carry their _total suffix).
+KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+RUNNING = ("vllm:num_requests_running",)
+WAITING = ("vllm:num_requests_waiting",)
+PREEMPTIONS = ("vllm:num_preemptions_total",)
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    t_s: float
+    kv_cache_usage: float | None
+    running: float | None
+    waiting: float | None
+    preemptions: float | None
+
+
+def parse_sample(text: str, t_s: float) -> Sample | None:
+    """One scrape; None when the text carries no vLLM metric at all."""
+    values: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("vllm:"):
+                values.setdefault(s.name, []).append(float(s.value))
+    if not values:
+        return None
+
+    def pick(names: tuple[str, ...], combine: Callable[[list[float]], float]) -> float | None:
+        for name in names:
+            if name in values:
+                return combine(values[name])
+        return None
+
+    # Several engines (data parallel) each report their own series: usage is the worst engine,
+    # request counts and preemptions add up.
+    return Sample(
+        t_s=t_s,
+        kv_cache_usage=pick(KV_CACHE_USAGE, max),
+        running=pick(RUNNING, sum),
+        waiting=pick(WAITING, sum),
+        preemptions=pick(PREEMPTIONS, sum),
+    )
+
+
+def cache_config_labels(text: str) -> dict[str, str] | None:
+    """The labels of vllm:cache_config_info (block_size, kv_cache_size_tokens, ...)."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith(CACHE_CONFIG_INFO):
+                return dict(s.labels)
+    return None
+
+
+def summarize(samples: list[Sample], window_start_s: float, window_end_s: float, note: str | None) -> ServerSummary:
+    """Peaks over the window; preemptions as the counter's change across it.
+
+    The last sample before the window opens is the counter's baseline, so preemptions that
+    happened during warm-up are not charged to the window.
+    """
+    if not samples:
+        return ServerSummary(metrics_available=False, metrics_note=note or "no vllm:* metrics at /metrics")
+    before = [s for s in samples if s.t_s <= window_start_s]
+    after = [s for s in samples if s.t_s >= window_end_s]
+    # From the last sample before the window to the first one after it, so a window shorter
+    # than the scrape interval still has samples around it.
+    first_t = before[-1].t_s if before else samples[0].t_s
+    last_t = after[0].t_s if after else samples[-1].t_s
+    considered = [s for s in samples if first_t <= s.t_s <= last_t]
+    baseline, last = considered[0], considered[-1]
+
+    def peak(attr: str) -> float | None:
+        vals = [getattr(s, attr) for s in considered if getattr(s, attr) is not None]
+        return max(vals) if vals else None
+
+    preemptions = None
+    if baseline.preemptions is not None and last.preemptions is not None:
+        preemptions = max(0.0, last.preemptions - baseline.preemptions)
+    return ServerSummary(
+        metrics_available=True,
+        metrics_note=note,
+        samples=len(considered),
+        kv_cache_usage_peak=peak("kv_cache_usage"),
+        preemptions=preemptions,
+        running_peak=peak("running"),
+        waiting_peak=peak("waiting"),
+    )
+
+
+@dataclass
+class MetricsScraper:
+    """Polls `fetch()` about every `interval_s` until stopped; keeps every sample."""
+
+    fetch: Callable[[], Awaitable[str | None]]
+    interval_s: float = 1.0
+    samples: list[Sample] = field(default_factory=list)
+    note: str | None = None
+    _task: asyncio.Task | None = None
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def scrape_once(self) -> None:
+        try:
+            text = await self.fetch()
+        except Exception as exc:  # a failed scrape must never fail the step; it is noted
+            self.note = f"scraping /metrics failed: {type(exc).__name__}: {exc}"
+            return
+        if text is None:
+            self.note = self.note or "the server has no /metrics endpoint"
+            return
+        try:
+            sample = parse_sample(text, time.perf_counter())
+        except ValueError as exc:
+            self.note = f"/metrics is not Prometheus text: {exc}"
+            return
+        if sample is None:
+            self.note = self.note or "no vllm:* metrics at /metrics"
+            return
+        self.samples.append(sample)
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            await self.scrape_once()
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.interval_s)
+            except TimeoutError:
+                pass
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="metrics-scraper")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            await self._task
+        # One last scrape so the window's end has a sample of its own.
+        await self.scrape_once()

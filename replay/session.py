@@ -1,0 +1,172 @@
+"""A whole replay: check the server, run the steps (a fixed list or the search), save as it goes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from replay.client import StreamingClient
+from replay.corpus import Corpus
+from replay.errors import ReplayError
+from replay.load import Concurrency, Load, PoissonRate, TraceReplay
+from replay.observer import ReplayObserver
+from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
+from replay.search import bracket, next_probe
+from replay.server_metrics import MetricsScraper
+from replay.settings import ReplaySettings
+from replay.step import RequestCursor, run_step
+
+RESULTS_FILE = "replay.json"
+# Connection pool size when the highest concurrency is not known in advance.
+SEARCH_MAX_CONNECTIONS = 4096
+
+
+def planned_loads(settings: ReplaySettings) -> list[Load]:
+    loads: list[Load] = [Concurrency(n) for n in settings.concurrency]
+    loads += [PoissonRate(r, settings.seed + i) for i, r in enumerate(settings.rate)]
+    if settings.trace:
+        loads.append(TraceReplay(settings.trace_speed))
+    return loads
+
+
+def binding_constraint(steps: list[StepResult], min_failing: int | None, reached_cap: str | None) -> str | None:
+    """What stopped the search: the SLOs the lowest failing step broke, or the cap it hit."""
+    if min_failing is not None:
+        for step in steps:
+            if step.load.mode == "concurrency" and int(step.load.value) == min_failing and not step.slo_pass:
+                return ",".join(step.slo_violations) or None
+    return reached_cap
+
+
+class Replay:
+    """Runs steps against one server with one client and one corpus cursor.
+
+    The sweep drives it too: `search()` with the capacity bound as `upper`.
+    """
+
+    def __init__(
+        self,
+        client: StreamingClient,
+        corpus: Corpus,
+        settings: ReplaySettings,
+        slo: dict[str, float],
+        *,
+        observer: ReplayObserver | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.corpus = corpus
+        self.settings = settings
+        self.slo = slo
+        self.observer = observer
+        self.on_step = on_step
+        self.cursor = RequestCursor(corpus.requests)
+        self.steps: list[StepResult] = []
+
+    async def step(self, load: Load) -> StepResult:
+        scraper = MetricsScraper(self.client.metrics_text, interval_s=self.settings.metrics_interval_s)
+        result = await run_step(
+            self.client,
+            self.cursor,
+            load,
+            self.settings.window(),
+            requests=self.corpus.requests,
+            scraper=scraper,
+            observer=self.observer,
+            slo=self.slo,
+        )
+        self.steps.append(result)
+        if self.on_step is not None:
+            self.on_step(result)
+        return result
+
+    async def run_planned(self) -> None:
+        for load in planned_loads(self.settings):
+            await self.step(load)
+
+    async def search(self, *, start: int, upper: int | None) -> tuple[int | None, int | None]:
+        history: list[tuple[int, bool]] = [
+            (int(s.load.value), s.slo_pass) for s in self.steps if s.load.mode == "concurrency"
+        ]
+        while (n := next_probe(history, start=start, upper=upper, rel_precision=self.settings.precision)) is not None:
+            result = await self.step(Concurrency(n))
+            history.append((n, result.slo_pass))
+        b = bracket(history)
+        return b.max_passing, b.min_failing
+
+
+def _corpus_info(corpus: Corpus) -> CorpusInfo:
+    return CorpusInfo(
+        path=str(corpus.path), sha256=corpus.sha256, requests=len(corpus), skipped_invalid=corpus.skipped_invalid
+    )
+
+
+async def run_replay(
+    *,
+    url: str,
+    corpus: Corpus,
+    settings: ReplaySettings,
+    slo: dict[str, float],
+    model: str | None = None,
+    api_key: str | None = None,
+    output_dir: Path | None = None,
+    observer: ReplayObserver | None = None,
+) -> ReplayResults:
+    """`planner replay`: the planned loads, then the search when `settings.find_max`."""
+    loads = planned_loads(settings)
+    if not loads and not settings.find_max:
+        raise ReplayError("nothing to run: give --concurrency, --rate, --trace or --find-max")
+    if settings.trace and not all(r.timestamp_s is not None for r in corpus.requests):
+        missing = next(r for r in corpus.requests if r.timestamp_s is None)
+        raise ReplayError(
+            f"--trace needs timestamp_s on every corpus line; {corpus.path}:{missing.line} has none"
+        )
+    known = max([settings.max_concurrency or 0, *settings.concurrency])
+    open_loop = bool(settings.rate) or settings.trace
+    max_connections = SEARCH_MAX_CONNECTIONS if (open_loop or (settings.find_max and not settings.max_concurrency)) else known
+    async with StreamingClient(
+        url,
+        model=model,
+        api=settings.api,
+        api_key=api_key,
+        max_connections=max(max_connections, 1),
+        request_timeout_s=settings.request_timeout_s,
+        ignore_eos=settings.ignore_eos,
+        default_max_tokens=settings.max_tokens,
+        extra_body=settings.extra_body,
+    ) as client:
+        served = await client.check()
+        results = ReplayResults(
+            started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            url=url,
+            model=served,
+            api=settings.api,
+            corpus=_corpus_info(corpus),
+            settings=settings.model_dump(mode="json"),
+            slo=slo,
+            find_max=settings.find_max,
+        )
+
+        def save(_: StepResult | None = None) -> None:
+            results.steps = list(replay.steps)
+            if output_dir is not None:
+                write_json_atomic(Path(output_dir) / RESULTS_FILE, results.model_dump(mode="json"))
+
+        replay = Replay(client, corpus, settings, slo, observer=observer, on_step=save)
+        save()
+        try:
+            await replay.run_planned()
+            if settings.find_max:
+                lo, hi = await replay.search(start=settings.start_concurrency, upper=settings.max_concurrency)
+                results.max_passing_concurrency = lo
+                results.min_failing_concurrency = hi
+                cap = "max_concurrency" if hi is None and settings.max_concurrency else None
+                results.binding_constraint = binding_constraint(replay.steps, hi, cap)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            results.interrupted = True
+            raise
+        finally:
+            save()
+        return results

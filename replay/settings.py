@@ -1,0 +1,58 @@
+"""Replay settings: one validated model shared by `planner replay` and the sweep's [replay] table."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from replay.step import Window
+
+
+class ReplaySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    api: Literal["completions", "chat"] = "completions"
+    # Output length for requests whose corpus line has no max_tokens (None: the server's default).
+    max_tokens: int | None = Field(default=None, ge=1)
+    # Ask vLLM to keep generating to max_tokens, so the corpus's output lengths are really produced.
+    ignore_eos: bool = True
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    # The loads to run, in order (closed-loop concurrency, open-loop Poisson rates, or the trace).
+    concurrency: list[int] = Field(default_factory=list)
+    rate: list[float] = Field(default_factory=list)
+    trace: bool = False
+    trace_speed: float = Field(default=1.0, gt=0)
+    seed: int = 0
+    # Measurement windows (see replay.step).
+    warmup_requests: int | None = Field(default=None, ge=0)
+    warmup_s: float = Field(default=0.0, ge=0)
+    min_requests: int = Field(default=100, ge=1)
+    min_window_s: float = Field(default=0.0, ge=0)
+    max_window_s: float = Field(default=600.0, gt=0)
+    metrics_interval_s: float = Field(default=1.0, gt=0)
+    # The search for the highest passing concurrency.
+    find_max: bool = False
+    start_concurrency: int = Field(default=1, ge=1)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    precision: float = Field(default=0.05, gt=0, lt=1)
+    # Merged into every request body (temperature, top_p, ...).
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _positive_loads(self) -> ReplaySettings:
+        if any(c < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency values must be >= 1, got {self.concurrency}")
+        if any(r <= 0 for r in self.rate):
+            raise ValueError(f"rate values must be > 0 requests/s, got {self.rate}")
+        return self
+
+    def window(self) -> Window:
+        return Window(
+            warmup_requests=self.warmup_requests,
+            warmup_s=self.warmup_s,
+            min_requests=self.min_requests,
+            min_window_s=self.min_window_s,
+            max_window_s=self.max_window_s,
+            drain_timeout_s=self.request_timeout_s,
+        )

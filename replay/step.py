@@ -1,0 +1,329 @@
+"""One step: a load held against the server, a warm-up, a measurement window, and the drain.
+
+The window opens once the warm-up has completed (`warmup_requests` finished and `warmup_s`
+passed). Latency figures come from requests *sent* inside the window; throughput from every
+request that *finished* inside it. The window closes once `min_requests` measured requests have
+finished and `min_window_s` has passed, or at `max_window_s`. Requests still running then are
+drained: awaited, not counted, never failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from replay import stats
+from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
+from replay.observer import Observers, ReplayObserver
+from replay.records import RequestRecord
+from replay.results import ClientSummary, ServerSummary, StepResult
+from replay.server_metrics import MetricsScraper, summarize as summarize_server
+
+# Above these the client, not the server, may have been the limit: its own timing is suspect.
+CLIENT_SEND_LAG_LIMIT_MS = 50.0
+CLIENT_LOOP_LAG_LIMIT_MS = 50.0
+LOOP_TICK_S = 0.01
+
+
+class Sender(Protocol):
+    async def send(self, request, *, scheduled_s: float | None = None) -> RequestRecord: ...
+
+
+@dataclass(frozen=True)
+class Window:
+    warmup_requests: int | None = None
+    warmup_s: float = 0.0
+    min_requests: int = 100
+    min_window_s: float = 0.0
+    max_window_s: float = 600.0
+    # Open loop: never more than this many requests in flight; past it, sends are late (and flagged).
+    max_inflight: int = 4096
+    # How long to wait for requests still running when the window closes.
+    drain_timeout_s: float = 600.0
+
+    def warmup_for(self, load: Load) -> int:
+        if self.warmup_requests is not None:
+            return self.warmup_requests
+        match load:
+            case Concurrency(n=n):
+                return n
+            case PoissonRate(rate_per_s=rate):
+                return max(1, math.ceil(rate * 2))
+            case TraceReplay():
+                return 0
+
+
+class RequestCursor:
+    """Hands out corpus requests in order, wrapping around; shared by every step of a run so
+    that consecutive steps send different requests (repeats would hit the prefix cache)."""
+
+    def __init__(self, requests: Sequence) -> None:
+        if not requests:
+            raise ValueError("no requests to send")
+        self._requests = requests
+        self._next = 0
+
+    def next(self):
+        req = self._requests[self._next]
+        self._next = (self._next + 1) % len(self._requests)
+        return req
+
+
+@dataclass
+class _Window:
+    """The mutable state of a running step."""
+
+    warmup: int
+    settings: Window
+    started_s: float
+    on_close: Callable[[], None]
+    completed: int = 0
+    open_s: float | None = None
+    close_s: float | None = None
+    measured: list[RequestRecord] = field(default_factory=list)
+    finished_inside: list[RequestRecord] = field(default_factory=list)
+    drained: int = 0
+
+    @property
+    def closed(self) -> bool:
+        return self.close_s is not None
+
+    def tick(self, now: float) -> None:
+        if self.closed:
+            return
+        if self.open_s is None:
+            if self.completed >= self.warmup and now - self.started_s >= self.settings.warmup_s:
+                self.open_s = now
+            elif now - self.started_s >= self.settings.max_window_s:
+                # The warm-up itself never finished (a stalled server): an empty window, whose
+                # latency SLOs fail for want of any completed request.
+                self.open_s = self.close_s = now
+                self.on_close()
+            return
+        elapsed = now - self.open_s
+        enough = len(self.measured) >= self.settings.min_requests and elapsed >= self.settings.min_window_s
+        if enough or elapsed >= self.settings.max_window_s:
+            self.close_s = now
+            self.on_close()
+
+    def finish(self, rec: RequestRecord) -> bool:
+        """Account one finished request; True when it is measured."""
+        self.completed += 1
+        measured = False
+        if self.open_s is not None and not self.closed:
+            self.finished_inside.append(rec)
+            if rec.send_s >= self.open_s:
+                self.measured.append(rec)
+                measured = True
+        elif self.closed:
+            self.drained += 1
+        self.tick(rec.end_s)
+        return measured
+
+
+async def _loop_lag(lags: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        t = time.perf_counter()
+        await asyncio.sleep(LOOP_TICK_S)
+        lags.append(max(0.0, time.perf_counter() - t - LOOP_TICK_S))
+
+
+async def run_step(
+    client: Sender,
+    cursor: RequestCursor,
+    load: Load,
+    window: Window,
+    *,
+    requests: Sequence | None = None,
+    scraper: MetricsScraper | None = None,
+    observer: ReplayObserver | None = None,
+    slo: dict[str, float] | None = None,
+) -> StepResult:
+    """Run one step and return its result. `requests` is the corpus (trace replay needs it whole)."""
+    from replay import slo as slo_mod
+
+    obs = observer or Observers()
+    spec = load.spec()
+    obs.step_started(spec)
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    stop_sending = asyncio.Event()
+    state = _Window(
+        warmup=window.warmup_for(load),
+        settings=window,
+        started_s=time.perf_counter(),
+        on_close=stop_sending.set,
+    )
+    send_lags: list[float] = []
+    loop_lags: list[float] = []
+    inflight: set[asyncio.Task] = set()
+
+    async def one(req, scheduled_s: float | None) -> None:
+        obs.request_sent()
+        rec = await client.send(req, scheduled_s=scheduled_s)
+        if scheduled_s is not None:
+            send_lags.append(max(0.0, rec.send_s - scheduled_s))
+        obs.request_finished(rec, measured=state.finish(rec))
+
+    async def closed_loop(n: int) -> None:
+        async def worker() -> None:
+            while not stop_sending.is_set():
+                await one(cursor.next(), None)
+
+        await asyncio.gather(*(worker() for _ in range(n)))
+
+    async def open_loop(schedule) -> None:
+        slots = asyncio.Semaphore(window.max_inflight)
+        t0 = time.perf_counter()
+        for offset, req in schedule:
+            if stop_sending.is_set():
+                break
+            delay = t0 + offset - time.perf_counter()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(stop_sending.wait(), delay)
+                    break
+                except TimeoutError:
+                    pass
+            await slots.acquire()
+            task = asyncio.create_task(one(req, t0 + offset))
+            inflight.add(task)
+            task.add_done_callback(lambda t: (inflight.discard(t), slots.release()))
+        # A finite trace ends the window when it runs out.
+        if inflight:
+            await asyncio.gather(*inflight)
+        if not state.closed:
+            state.close_s = time.perf_counter()
+            if state.open_s is None:
+                state.open_s = state.close_s
+
+    async def clock() -> None:
+        # Closes a window on time even when no request finishes (max_window_s, min_window_s).
+        while not state.closed:
+            state.tick(time.perf_counter())
+            await asyncio.sleep(0.05)
+
+    lag_stop = asyncio.Event()
+    lag_task = asyncio.create_task(_loop_lag(loop_lags, lag_stop))
+    clock_task = asyncio.create_task(clock())
+    if scraper is not None:
+        scraper.start()
+    try:
+        match load:
+            case Concurrency(n=n):
+                await closed_loop(n)
+            case PoissonRate(rate_per_s=rate, seed=seed):
+                await open_loop((offset, cursor.next()) for offset in poisson_offsets(rate, seed))
+            case TraceReplay(speed=speed):
+                if requests is None:
+                    raise ValueError("trace replay needs the corpus")
+                stamps = [r.timestamp_s for r in requests]
+                await open_loop((off, requests[i]) for off, i in trace_offsets(stamps, speed))
+    finally:
+        lag_stop.set()
+        clock_task.cancel()
+        for task in (lag_task, clock_task):
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        if scraper is not None:
+            await scraper.stop()
+
+    server = (
+        summarize_server(scraper.samples, state.open_s, state.close_s, scraper.note)
+        if scraper is not None
+        else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
+    )
+    result = build_result(
+        spec=spec,
+        started_at=started_at,
+        warmup=state.warmup,
+        window_s=state.close_s - state.open_s,
+        measured=state.measured,
+        finished_inside=state.finished_inside,
+        drained=state.drained,
+        server=server,
+        client=client_summary(load, send_lags, loop_lags),
+    )
+    if slo is not None:
+        violations, unverified = slo_mod.evaluate(result, slo)
+        result = result.model_copy(
+            update={"slo_pass": not violations, "slo_violations": violations, "slo_unverified": unverified}
+        )
+    obs.step_finished(result)
+    return result
+
+
+def client_summary(load: Load, send_lags_s: list[float], loop_lags_s: list[float]) -> ClientSummary:
+    send_p99 = stats.lag_p99_ms(send_lags_s) if not isinstance(load, Concurrency) else None
+    loop_p99 = stats.lag_p99_ms(loop_lags_s)
+    notes = []
+    if send_p99 is not None and send_p99 > CLIENT_SEND_LAG_LIMIT_MS:
+        notes.append(f"requests left {send_p99:.0f} ms late (p99) against their schedule")
+    if loop_p99 is not None and loop_p99 > CLIENT_LOOP_LAG_LIMIT_MS:
+        notes.append(f"the client's event loop lagged {loop_p99:.0f} ms (p99)")
+    return ClientSummary(
+        send_lag_p99_ms=send_p99,
+        loop_lag_p99_ms=loop_p99,
+        client_limited=bool(notes),
+        note="; ".join(notes) + ": the client, not the server, may have been the limit" if notes else None,
+    )
+
+
+def build_result(
+    *,
+    spec,
+    started_at: str,
+    warmup: int,
+    window_s: float,
+    measured: list[RequestRecord],
+    finished_inside: list[RequestRecord],
+    drained: int,
+    server: ServerSummary,
+    client: ClientSummary,
+) -> StepResult:
+    ok = [r for r in measured if r.ok]
+    failed = [r for r in measured if not r.ok]
+    errors = Counter(r.error for r in failed)
+    samples: dict[str, str] = {}
+    for r in failed:
+        samples.setdefault(r.error, (r.error_detail or "")[:300])
+    done_ok = [r for r in finished_inside if r.ok]
+    duration = max(window_s, 1e-9)
+    sources = {r.tokens_source for r in done_ok}
+    tokens_source = "none" if not sources else (sources.pop() if len(sources) == 1 else "mixed")
+    prompt_counts = [r.prompt_tokens for r in done_ok]
+    input_tps = (
+        sum(prompt_counts) / duration if done_ok and all(c is not None for c in prompt_counts) else None
+    )
+    output_tokens = sum(
+        r.completion_tokens if r.completion_tokens is not None else len(r.token_times_s) for r in done_ok
+    )
+    return StepResult(
+        load=spec,
+        started_at=started_at,
+        warmup_requests=warmup,
+        window_s=window_s,
+        requests_ok=len(ok),
+        requests_failed=len(failed),
+        requests_drained=drained,
+        errors=dict(errors),
+        error_samples=samples,
+        ttft_ms=stats.summarize(stats.ttft_ms(ok)),
+        itl_ms=stats.summarize(stats.itl_ms(ok)),
+        tpot_ms=stats.summarize(stats.tpot_ms(ok)),
+        e2e_ms=stats.summarize(stats.e2e_ms(ok)),
+        requests_per_s=len(done_ok) / duration,
+        input_tokens_per_s=input_tps,
+        output_tokens_per_s=output_tokens / duration,
+        tokens_source=tokens_source,
+        server=server,
+        client=client,
+        slo_pass=True,
+    )

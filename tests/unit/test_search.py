@@ -1,0 +1,71 @@
+import pytest
+
+from replay.search import bracket, next_probe
+
+
+def run_search(threshold: int, *, start: int = 1, upper: int | None = None, precision: float = 0.05):
+    """Drive next_probe against a server whose SLOs hold up to `threshold`."""
+    history = []
+    while (n := next_probe(history, start=start, upper=upper, rel_precision=precision)) is not None:
+        assert n not in [c for c, _ in history], "a probe was repeated"
+        history.append((n, n <= threshold))
+        assert len(history) < 50
+    return history, bracket(history)
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 3, 7, 8, 9, 31, 64, 100, 1000])
+def test_search_finds_threshold_to_one_request_or_five_percent(threshold):
+    history, b = run_search(threshold)
+    assert b.max_passing is not None and b.max_passing <= threshold
+    assert b.min_failing is not None and b.min_failing > threshold
+    assert b.min_failing - b.max_passing <= max(1, 0.05 * b.max_passing)
+
+
+def test_small_thresholds_are_exact():
+    for threshold in range(1, 21):
+        _, b = run_search(threshold)
+        assert (b.max_passing, b.min_failing) == (threshold, threshold + 1)
+
+
+def test_doubling_then_bisection_order():
+    history, _ = run_search(40)
+    assert [c for c, _ in history][:7] == [1, 2, 4, 8, 16, 32, 64]
+    assert history[7] == (48, False)
+
+
+def test_nothing_passes():
+    history, b = run_search(0)
+    assert history == [(1, False)]
+    assert (b.max_passing, b.min_failing) == (None, 1)
+
+
+def test_upper_bound_that_passes_ends_the_search():
+    history, b = run_search(1000, upper=20)
+    assert [c for c, _ in history] == [1, 2, 4, 8, 16, 20]
+    assert (b.max_passing, b.min_failing) == (20, None)
+
+
+def test_start_at_the_upper_bound_brackets_downwards():
+    history, b = run_search(5, start=24, upper=24)
+    assert history[0] == (24, False)
+    assert history[1] == (12, False)
+    assert (b.max_passing, b.min_failing) == (5, 6)
+
+
+def test_noisy_pass_above_a_failure_is_ignored():
+    b = bracket([(8, True), (16, False), (24, True)])
+    assert (b.max_passing, b.min_failing) == (8, 16)
+    assert next_probe([(8, True), (16, False), (24, True)]) == 12
+
+
+def test_precision_five_percent_at_large_values():
+    history, b = run_search(700)
+    assert b.min_failing - b.max_passing <= 0.05 * b.max_passing
+    assert len(history) <= 16
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        next_probe([], start=0)
+    with pytest.raises(ValueError):
+        next_probe([], upper=0)

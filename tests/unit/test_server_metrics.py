@@ -1,0 +1,61 @@
+from replay.server_metrics import Sample, cache_config_labels, parse_sample, summarize
+
+VLLM_TEXT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 7.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.83
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 12.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",kv_cache_size_tokens="8192",num_gpu_blocks="64",engine="0"} 1.0
+"""
+
+
+def test_parse_vllm_sample():
+    s = parse_sample(VLLM_TEXT, 1.0)
+    assert (s.kv_cache_usage, s.running, s.waiting, s.preemptions) == (0.83, 7.0, 3.0, 12.0)
+
+
+def test_old_usage_name_and_two_engines():
+    text = (
+        'vllm:gpu_cache_usage_perc{engine="0"} 0.2\nvllm:gpu_cache_usage_perc{engine="1"} 0.6\n'
+        'vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 5\n'
+    )
+    s = parse_sample(text, 0.0)
+    assert s.kv_cache_usage == 0.6 and s.running == 7 and s.preemptions is None
+
+
+def test_server_without_vllm_metrics():
+    assert parse_sample("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n", 0.0) is None
+    summary = summarize([], 0, 1, None)
+    assert summary.metrics_available is False and "no vllm" in summary.metrics_note
+
+
+def test_cache_config_labels():
+    labels = cache_config_labels(VLLM_TEXT)
+    assert labels["kv_cache_size_tokens"] == "8192" and labels["block_size"] == "128"
+    assert cache_config_labels("x 1\n") is None
+
+
+def test_window_peaks_and_preemption_delta():
+    samples = [
+        Sample(0.0, 0.1, 1, 0, 5),  # before the window: the counter's baseline
+        Sample(1.0, 0.9, 8, 4, 7),
+        Sample(2.0, 0.5, 6, 0, 9),
+        Sample(3.0, 0.99, 9, 9, 30),  # after the first sample past the window: ignored
+        Sample(4.0, 0.99, 9, 9, 40),
+    ]
+    s = summarize(samples, 0.5, 2.5, None)
+    assert s.kv_cache_usage_peak == 0.99  # the first sample after the close still counts
+    s = summarize(samples, 0.5, 2.0, None)
+    assert (s.kv_cache_usage_peak, s.running_peak, s.waiting_peak, s.preemptions) == (0.9, 8, 4, 4)
+
+
+def test_window_shorter_than_the_scrape_interval():
+    samples = [Sample(0.0, 0.2, 1, 0, 0), Sample(1.0, 0.4, 2, 1, 1)]
+    s = summarize(samples, 0.2, 0.4, None)
+    assert s.samples == 2 and s.kv_cache_usage_peak == 0.4 and s.preemptions == 1
