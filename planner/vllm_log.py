@@ -27,13 +27,13 @@ LOG_TAIL_LINES = 20
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # `LEVEL MM-DD HH:MM:SS[.fff] [file.py:123] `, optionally after `(PROC pid=N) ` and any prefix.
 _PREFIX = re.compile(
-    r"^.*?(?:\([\w.\-: ]+ pid=\d+\)\s+)?"
+    r"^.*?(?:\([^()]*\bpid=\d+\)\s+)?"
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
     r"\d\d-\d\d\s+\d\d:\d\d:\d\d(?:[.,]\d+)?\s+"
     r"\[?[\w./\-]+:\d+\]\s?"
 )
 # Lines a worker process prints without the logger (tracebacks) still carry `(PROC pid=N) `.
-_PROC_ONLY = re.compile(r"^\([\w.\-: ]+ pid=\d+\)\s?")
+_PROC_ONLY = re.compile(r"^.*?\([^()]*\bpid=\d+\)\s?")
 
 _INT = r"(\d[\d,]*)"
 _FLOAT = r"(-?\d[\d,]*(?:\.\d+)?)"

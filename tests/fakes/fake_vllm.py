@@ -1,0 +1,373 @@
+"""A fake vLLM server program for launcher and sweep integration tests.
+
+Run it with the test's interpreter, the way the planner runs `python -m vllm.entrypoints...`:
+
+    [sys.executable, "tests/fakes/fake_vllm.py"] + ["--model", "m", "--host", H, "--port", P, ...]
+
+It takes vLLM's flags and rejects unknown ones the way argparse does (`error: unrecognized
+arguments: ...`, exit 2), prints vLLM 0.32's log lines with their `(APIServer pid=N) INFO
+MM-DD HH:MM:SS [file.py:N]` prefix, sizes its KV cache like vLLM, fails like vLLM on points
+that cannot start, and then serves the OpenAI API with tests/fakes/openai_server.py's FakeServer.
+Like vLLM it runs a second process (the "EngineCore") in its own process group, so tests see
+whether a launcher stops the whole group.
+
+Pretend model (the same shape as the tiny Llama of scripts/build-tiny-model.sh): 2 layers,
+4 attention heads, 2 KV heads of 16 dims, bf16, max_position_embeddings 4096. So
+
+    bytes per token   = layers x 2 (K and V) x max(1, kv_heads // tp) x head_dim x 2 bytes = 256 (tp 1)
+    num_blocks        = kv_bytes // (block_size x bytes per token)        (block 0 is the null block)
+    max concurrency   = num_blocks / ceil(max_model_len / block_size)
+    kv_cache_tokens   = int(max concurrency x max_model_len)               (what vLLM prints)
+
+kv_bytes is --kv-cache-memory-bytes, or else --gpu-memory-utilization x FAKE_VLLM_DEVICE_MEMORY
+(default 16M) minus FAKE_VLLM_WEIGHTS (default 4M). Start-up fails (traceback, exit 1) with
+vLLM's own texts when: kv_bytes holds no block beyond the null block ("No available memory for
+the cache blocks"); one request of max_model_len does not fit in num_blocks - 1 blocks ("To serve
+at least one request ...", with "the estimated maximum model length is E" for
+E = (num_blocks - 1) x block_size when E > 0); tensor x pipeline parallel size is above
+FAKE_VLLM_GPUS (default: the number of CUDA_VISIBLE_DEVICES entries, else 1); 4 heads are not
+divisible by --tensor-parallel-size; --max-model-len is above 4096 without
+VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
+
+Latency, from FakeServer's capacity model (admission by --max-num-seqs and the KV pool; a full
+pool preempts): with R requests running,
+
+    inter-token latency  = FAKE_VLLM_ITL_S  x (1 + FAKE_VLLM_ITL_GROWTH  x R)
+    time to first token  = FAKE_VLLM_TTFT_S x (1 + FAKE_VLLM_TTFT_GROWTH x R)   (+ queueing)
+
+(defaults 0.01 s, 0.1, 0.02 s, 0.05), so under a closed-loop load of C requests, while C stays
+within max-num-seqs and the pool, ITL is about itl_s x (1 + growth x C): an ITL SLO of X s
+passes up to C = (X / itl_s - 1) / growth, the known answer a sweep's search must find.
+
+Other knobs: FAKE_VLLM_STARTUP_S (seconds before the port opens), FAKE_VLLM_DIE_AFTER_S (after
+ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)), FAKE_VLLM_IGNORE_SIGTERM=1
+(both processes ignore SIGTERM, so only SIGKILL stops them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.fakes.openai_server import FAKE_VERSION, Behavior, FakeServer  # noqa: E402
+
+NUM_LAYERS = 2
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+HEAD_DIM = 16
+DTYPE_BYTES = 2
+DERIVED_MAX_MODEL_LEN = 4096
+DEFAULT_BLOCK_SIZE = 128  # the CPU backend's
+DEFAULT_MAX_NUM_SEQS = 128
+GiB = 1 << 30
+# The pretend "EngineCore" quits by itself this long after the fake server is gone, so a test
+# that fails to stop the group does not leave it behind for long (tests check far sooner).
+ORPHAN_GRACE_S = 30.0
+ENGINE_MAX_LIFE_S = 900.0
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's parser for --kv-cache-memory-bytes: '1k' = 1000, '1K' = 1024, '2M', '1G', ..."""
+    value = value.strip()
+    if value and value[-1] in "kmgt":
+        return int(float(value[:-1]) * 10 ** (3 * ("kmgt".index(value[-1]) + 1)))
+    if value and value[-1] in "KMGT":
+        return int(value[:-1]) * 2 ** (10 * ("KMGT".index(value[-1]) + 1))
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="api_server.py")
+    p.add_argument("--model", required=True)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-model-len", type=human_readable_int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--kv-cache-memory-bytes", type=human_readable_int, default=None)
+    p.add_argument("--block-size", type=int, choices=[1, 8, 16, 32, 64, 128, 256], default=None)
+    p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"], default="auto")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+class Logger:
+    """vLLM's log format: `(PROC pid=N) LEVEL MM-DD HH:MM:SS [file.py:N] message`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def __call__(self, level: str, where: str, message: str, proc: str = "APIServer") -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        print(f"({proc} pid={self.pid}) {level} {stamp} [{where}] {message}", flush=True)
+
+    def traceback(self, proc: str, frames: list[tuple[str, int, str]], error: str) -> None:
+        lines = ["Traceback (most recent call last):"]
+        for path, line, func in frames:
+            lines.append(f'  File "{path}", line {line}, in {func}')
+        lines.append(error)
+        for line in lines:
+            print(f"({proc} pid={self.pid}) {line}", flush=True)
+
+
+def _config_error(log: Logger, message: str) -> int:
+    # vLLM raises config errors in the API server process while building the engine config.
+    log.traceback(
+        "APIServer",
+        [
+            ("/opt/vllm/vllm/entrypoints/openai/api_server.py", 74, "<module>"),
+            ("/opt/vllm/vllm/engine/arg_utils.py", 1873, "create_engine_config"),
+            ("/opt/vllm/vllm/config/model.py", 1549, "verify_with_parallel_config"),
+        ],
+        f"ValueError: {message}",
+    )
+    return 1
+
+
+def _engine_error(log: Logger, engine_log: Logger, message: str) -> int:
+    # Engine start-up errors: the root cause in the EngineCore, then the API server's wrapper.
+    engine_log("ERROR", "core.py:1510", "EngineCore failed to start.", proc="EngineCore")
+    engine_log.traceback(
+        "EngineCore",
+        [
+            ("/opt/vllm/vllm/v1/engine/core.py", 1492, "run_engine_core"),
+            ("/opt/vllm/vllm/v1/engine/core.py", 372, "_initialize_kv_caches"),
+            ("/opt/vllm/vllm/v1/core/kv_cache_utils.py", 1029, "_check_enough_kv_cache_memory"),
+        ],
+        f"ValueError: {message}",
+    )
+    log.traceback(
+        "APIServer",
+        [
+            ("/opt/vllm/vllm/entrypoints/openai/api_server.py", 74, "<module>"),
+            ("/opt/vllm/vllm/v1/engine/utils.py", 1432, "wait_for_engine_startup"),
+        ],
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}",
+    )
+    return 1
+
+
+def _start_engine_core(ignore_sigterm: bool) -> subprocess.Popen[bytes]:
+    code = f"""
+import os, signal, time
+if {ignore_sigterm!r}:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+parent = os.getppid()
+started = time.monotonic()
+orphaned_at = None
+while time.monotonic() - started < {ENGINE_MAX_LIFE_S}:
+    if orphaned_at is None and os.getppid() != parent:
+        orphaned_at = time.monotonic()
+    if orphaned_at is not None and time.monotonic() - orphaned_at > {ORPHAN_GRACE_S}:
+        break
+    time.sleep(0.2)
+"""
+    # Same process group as this one (no new session): the group is what the launcher stops.
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return float(raw) if raw else default
+
+
+class FakeVllmServer(FakeServer):
+    """FakeServer whose vllm:cache_config_info carries this engine's cache config, as vLLM's does."""
+
+    def __init__(self, behavior: Behavior, *, host: str, port: int, cache_info: dict[str, str]) -> None:
+        super().__init__(behavior, host=host, port=port)
+        self.cache_info = {**cache_info, "engine": "0"}
+
+    def metrics_text(self) -> str:
+        lines = [line for line in super().metrics_text().splitlines() if "vllm:cache_config_info" not in line]
+        labels = ",".join(f'{k}="{v}"' for k, v in self.cache_info.items())
+        lines += [
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+            "# TYPE vllm:cache_config_info gauge",
+            f"vllm:cache_config_info{{{labels}}} 1.0",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+async def _serve(args: argparse.Namespace, behavior: Behavior, cache_info: dict[str, str], log: Logger) -> int:
+    ignore_sigterm = os.environ.get("FAKE_VLLM_IGNORE_SIGTERM") == "1"
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+
+    await asyncio.sleep(_env_float("FAKE_VLLM_STARTUP_S", 0.0))
+    try:
+        server = FakeVllmServer(behavior, host=args.host, port=args.port, cache_info=cache_info)
+        await server.__aenter__()
+    except OSError as exc:
+        print(f"(APIServer pid={log.pid}) ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+              f"('{args.host}', {args.port}): {exc.strerror}", flush=True)
+        return 1
+    try:
+        log("INFO", "entry.py:140", f"Starting vLLM server on http://{args.host}:{server.port}")
+        print(f"(APIServer pid={log.pid}) INFO:     Started server process [{log.pid}]", flush=True)
+        print(f"(APIServer pid={log.pid}) INFO:     Waiting for application startup.", flush=True)
+        print(f"(APIServer pid={log.pid}) INFO:     Application startup complete.", flush=True)
+        die_after = os.environ.get("FAKE_VLLM_DIE_AFTER_S")
+        if die_after:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), float(die_after))
+            if not stop.is_set():
+                log("ERROR", "core.py:1514", "EngineCore encountered a fatal error.", proc="EngineCore")
+                os._exit(int(os.environ.get("FAKE_VLLM_DIE_EXIT_CODE", "1")))
+        await stop.wait()
+        log("INFO", "launcher.py:110", "Shutting down FastAPI HTTP server.")
+    finally:
+        await server.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    log = Logger(os.getpid())
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    models = args.served_model_name or [args.model]
+
+    log("INFO", "utils.py:325", f"vLLM server version {FAKE_VERSION}, serving model {models[0]}")
+    shown = {k: v for k, v in vars(args).items() if v != parser.get_default(k)}
+    if "api_key" in shown:
+        shown["api_key"] = [shown["api_key"]]  # vLLM logs the command-line key like this
+    log("INFO", "utils.py:261", f"non-default args: {shown}")
+    log("INFO", "model.py:1725", "Resolved architecture: LlamaForCausalLM")
+
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    max_model_len = args.max_model_len or DERIVED_MAX_MODEL_LEN
+    if max_model_len > DERIVED_MAX_MODEL_LEN:
+        message = (
+            f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
+            f"(max_position_embeddings={DERIVED_MAX_MODEL_LEN} or model_max_length=None in model's config.json)."
+        )
+        if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") != "1":
+            return _config_error(log, message)
+        log("WARNING", "model.py:2660", message + " VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution.")
+    if NUM_HEADS % tp != 0:
+        return _config_error(
+            log, f"Total number of attention heads ({NUM_HEADS}) must be divisible by tensor parallel size ({tp})."
+        )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    default_gpus = len([d for d in visible.split(",") if d.strip()]) if visible else 1
+    gpus = int(os.environ.get("FAKE_VLLM_GPUS", default_gpus))
+    if tp * pp > gpus:
+        return _config_error(
+            log,
+            f"World size ({tp * pp}) is larger than the number of available GPUs ({gpus}) in this node. "
+            "If this is intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.",
+        )
+    log("INFO", "model.py:1880", f"Using max model len {max_model_len}")
+
+    ignore_sigterm = os.environ.get("FAKE_VLLM_IGNORE_SIGTERM") == "1"
+    engine = _start_engine_core(ignore_sigterm)
+    engine_log = Logger(engine.pid)
+    try:
+        engine_log("INFO", "core.py:96", "Initializing a V1 LLM engine (v0.32.0) with config: fake", proc="EngineCore")
+        engine_log("INFO", "cpu_model_runner.py:110", "Model loading took 0.0 GiB memory and 0.031250 seconds", proc="EngineCore")
+
+        block_size = args.block_size or DEFAULT_BLOCK_SIZE
+        bytes_per_token = NUM_LAYERS * 2 * max(1, NUM_KV_HEADS // tp) * HEAD_DIM * DTYPE_BYTES
+        if args.kv_cache_memory_bytes is not None:
+            kv_bytes = args.kv_cache_memory_bytes
+            engine_log("INFO", "cpu_worker.py:233", f"Explicitly set ({round(kv_bytes / GiB, 2)}/15.62) GiB for KV cache on node 0.", proc="EngineCore")
+        else:
+            device = human_readable_int(os.environ.get("FAKE_VLLM_DEVICE_MEMORY", "16M"))
+            weights = human_readable_int(os.environ.get("FAKE_VLLM_WEIGHTS", "4M"))
+            kv_bytes = int(args.gpu_memory_utilization * device) - weights
+            engine_log("INFO", "gpu_worker.py:760", f"Available KV cache memory: {round(kv_bytes / GiB, 2)} GiB", proc="EngineCore")
+        page = block_size * bytes_per_token
+        num_blocks = max(0, kv_bytes) // page
+        usable_bytes = (num_blocks - 1) * page
+        if num_blocks <= 1:
+            return _engine_error(
+                log,
+                engine_log,
+                "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, "
+                "despite its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+            )
+        blocks_per_request = math.ceil(max_model_len / block_size)
+        needed = blocks_per_request * page
+        if needed > usable_bytes:
+            estimated = (num_blocks - 1) * block_size
+            estimated_msg = (
+                f"Based on the available memory, the estimated maximum model length is {estimated}. " if estimated > 0 else ""
+            )
+            return _engine_error(
+                log,
+                engine_log,
+                f"To serve at least one request with the model's max seq len ({max_model_len}), "
+                f"({round(needed / GiB, 2)} GiB KV cache is needed, which is larger than the available KV cache "
+                f"memory ({round(usable_bytes / GiB, 2)} GiB). {estimated_msg}Try increasing "
+                "`gpu_memory_utilization` (which also controls CPU memory reservation on the CPU backend, despite "
+                "its name) or decreasing `max_model_len` when initializing the engine. See "
+                "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+            )
+        max_concurrency = num_blocks / blocks_per_request
+        kv_tokens = int(max_concurrency * max_model_len)
+        engine_log(
+            "INFO",
+            "kv_cache_utils.py:2327",
+            f"CPU KV cache size: {kv_tokens:,} tokens, Maximum concurrency for {max_model_len:,} tokens per request: {max_concurrency:.2f}x",
+            proc="EngineCore",
+        )
+        engine_log("INFO", "core.py:403", "init engine (profile, create kv cache, warmup model) took 0.05 s", proc="EngineCore")
+
+        behavior = Behavior(
+            ttft_s=_env_float("FAKE_VLLM_TTFT_S", 0.02),
+            itl_s=_env_float("FAKE_VLLM_ITL_S", 0.01),
+            ttft_growth_per_running=_env_float("FAKE_VLLM_TTFT_GROWTH", 0.05),
+            itl_growth_per_running=_env_float("FAKE_VLLM_ITL_GROWTH", 0.1),
+            max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            kv_cache_tokens=kv_tokens,
+            max_model_len=max_model_len,
+            models=models,
+            api_key=api_key,
+            metrics=not args.disable_log_stats,
+            seed=args.seed,
+        )
+        cache_info = {
+            "block_size": str(block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": str(bool(args.enable_prefix_caching)),
+            "gpu_memory_utilization": str(args.gpu_memory_utilization),
+            "kv_cache_max_concurrency": str(max_concurrency),
+            "kv_cache_memory_bytes": str(kv_bytes),
+            "kv_cache_size_tokens": str(kv_tokens),
+            "num_gpu_blocks": str(num_blocks),
+        }
+        return asyncio.run(_serve(args, behavior, cache_info, log))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            engine.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            engine.wait(timeout=5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
