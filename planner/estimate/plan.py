@@ -1,0 +1,268 @@
+"""One estimate: settings in, a JSON-able prediction out (what `planner estimate --json` prints).
+
+The steps follow a capacity plan: weights first (a lower bound), then KV bytes per token for
+the exact architecture and cache dtype, then working memory, then the pool that is left, its
+blocks and tokens, the concurrency it carries, and a verdict with its margin.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from planner.errors import ConfigError, EstimateError
+from planner.estimate import fit
+from planner.estimate.architecture import Architecture, estimate_parameters, load_architecture
+from planner.estimate.gpu_catalog import lookup
+from planner.estimate.kv_pool import Pool, PoolLayout, corpus_concurrency, pool_layout, size_pool
+from planner.estimate.memory import Budget, WorkingMemoryModel, gpu_budget, working_memory
+from planner.estimate.units import GIB, parse_vllm_int
+from planner.estimate.weights import Weights, checkpoint_weights, config_weights
+
+Device = Literal["gpu", "cpu"]
+
+# vLLM 0.32's default block sizes: CUDA attention backends 16, the CPU backend 128.
+DEFAULT_BLOCK_SIZE = {"gpu": 16, "cpu": 128}
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+
+
+class EstimateSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    device: Device = "gpu"
+    gpu: str | None = None
+    gpu_memory_bytes: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float = Field(DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = Field(None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(None, ge=0)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    enforce_eager: bool = False
+    # None: on for GPU (vLLM's default there), off for CPU.
+    async_scheduling: bool | None = None
+    working: WorkingMemoryModel = Field(default_factory=WorkingMemoryModel)
+
+    @field_validator("kv_cache_memory_bytes", "max_num_batched_tokens", "max_model_len", mode="before")
+    @classmethod
+    def _human_int(cls, value: Any, info) -> Any:
+        if value is None or isinstance(value, int):
+            return value
+        return parse_vllm_int(value, what=f"--{info.field_name.replace('_', '-')}")
+
+
+def default_batch(device: Device, total_bytes: int | None, gpu: str | None, tp: int) -> tuple[int, int]:
+    """vLLM 0.32's serve defaults for (max_num_batched_tokens, max_num_seqs); see arg_utils.get_batch_defaults."""
+    if device == "cpu":
+        return 2048 * tp, 128 * tp
+    total = total_bytes or 0
+    if total >= 160 * GIB:
+        return 16384, 1024
+    if total >= 70 * GIB and "a100" not in (gpu or ""):
+        return 8192, 1024
+    return 2048, 256
+
+
+def _weights(settings: EstimateSettings, arch: Architecture) -> Weights:
+    tp = settings.tensor_parallel_size
+    path = Path(settings.model)
+    found = checkpoint_weights(path, tp, None if arch.mla else arch.num_kv_heads) if path.is_dir() else None
+    if found is not None:
+        return found
+    quant = arch.raw.get("quantization_config") or {}
+    bits = quant.get("bits") or quant.get("w_bit")
+    if bits:
+        # Packed integers plus one 16-bit scale and zero point per group.
+        group = int(quant.get("group_size") or quant.get("q_group_size") or 128)
+        per_param = int(bits) / 8 + 4 / max(group, 1)
+    else:
+        per_param = arch.dtype_bytes
+    return config_weights(estimate_parameters(arch), per_param, tp)
+
+
+def _total_bytes(settings: EstimateSettings) -> tuple[int | None, str | None]:
+    if settings.gpu_memory_bytes is not None:
+        return settings.gpu_memory_bytes, settings.gpu
+    if settings.gpu is not None:
+        gpu = lookup(settings.gpu)
+        return gpu.total_bytes, gpu.name
+    return None, None
+
+
+def _budget_dict(budget: Budget, pool: Pool) -> dict[str, Any]:
+    w = budget.working
+    return {
+        "total_bytes": budget.total_bytes,
+        "requested_bytes": budget.requested_bytes,
+        "weights_bytes": budget.weights_bytes,
+        "kv_cache_bytes": pool.bytes,
+        "activations_and_workspace_bytes": w.activations_and_workspace_bytes,
+        "activations_bytes": w.activations_bytes,
+        "sampler_bytes": w.sampler_bytes,
+        "cuda_graphs_bytes": w.cuda_graphs_bytes,
+        "framework_and_reserve_bytes": w.framework_bytes,
+        "headroom_bytes": budget.headroom_bytes,
+        "available_kv_bytes": budget.available_kv_bytes,
+        "kv_sized_by": budget.kv_sized_by,
+    }
+
+
+def _layout_dict(layout: PoolLayout) -> dict[str, Any]:
+    return {
+        "block_size": layout.block_size,
+        "bytes_per_block": layout.bytes_per_block,
+        "groups": [g.kind if g.sliding_window is None else f"sliding({g.sliding_window})" for g in layout.groups],
+        "layers_per_group": layout.group_size,
+        "padding_layers": layout.padding_layers,
+        "in_flight_tokens": layout.in_flight_tokens,
+    }
+
+
+def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = None, corpus_info: dict | None = None) -> dict[str, Any]:
+    """The whole prediction for one configuration, as a JSON-able dict."""
+    arch = load_architecture(settings.model)
+    tp = settings.tensor_parallel_size
+    device = settings.device
+    max_len = settings.max_model_len or arch.max_position_embeddings
+    if max_len is None:
+        raise EstimateError(f"{arch.source}: no max_position_embeddings; give --max-model-len")
+    block_size = settings.block_size or DEFAULT_BLOCK_SIZE[device]
+    total_bytes, gpu_name = _total_bytes(settings)
+    if device == "gpu" and total_bytes is None and settings.kv_cache_memory_bytes is None:
+        raise ConfigError("a GPU estimate needs the GPU's memory: give --gpu NAME or --gpu-memory-gib N (or --kv-cache-memory-bytes)")
+    default_tokens, default_seqs = default_batch(device, total_bytes, gpu_name, tp)
+    batched = settings.max_num_batched_tokens or default_tokens
+    seqs = settings.max_num_seqs or default_seqs
+    async_on = settings.async_scheduling if settings.async_scheduling is not None else device == "gpu"
+
+    weights = _weights(settings, arch)
+    working = working_memory(
+        arch, tp=tp, max_num_batched_tokens=batched, max_num_seqs=seqs,
+        enforce_eager=settings.enforce_eager, device=device, model=settings.working,
+    )  # fmt: skip
+    layout = pool_layout(
+        arch, tp=tp, kv_cache_dtype=settings.kv_cache_dtype, block_size=block_size,
+        in_flight_tokens=batched * (2 if async_on else 1),
+    )  # fmt: skip
+
+    estimates = []
+    if weights.source == "config":
+        estimates.append("weights: parameter count from config.json x dtype bytes (no safetensors found)")
+    budget: Budget | None = None
+    if device == "gpu" and total_bytes is not None:
+        budget = gpu_budget(
+            total_bytes=total_bytes,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            weights_bytes=weights.per_gpu_bytes,
+            working=working,
+            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+        )
+        available = budget.available_kv_bytes
+    elif settings.kv_cache_memory_bytes is not None:
+        available = settings.kv_cache_memory_bytes
+    elif device == "cpu" and total_bytes is not None:
+        # The CPU backend reserves gpu_memory_utilization x the memory it is given for KV.
+        available = math.floor(total_bytes * settings.gpu_memory_utilization)
+        estimates.append("kv pool: gpu_memory_utilization x the given memory, as the CPU backend auto-sizes it")
+    else:
+        available = None
+
+    pool = size_pool(layout, available or 0, max_len)
+    working_uncertainty = int(settings.working.uncertainty_fraction * working.total_bytes) + (
+        int(0.05 * weights.per_gpu_bytes) if weights.source == "config" else 0
+    )
+    explicit_pool = settings.kv_cache_memory_bytes is not None
+    heads = arch.num_attention_heads
+    if heads % tp:
+        verdict = fit.refused(
+            "heads_not_divisible", f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp})."
+        )
+    elif arch.max_position_embeddings and max_len > arch.max_position_embeddings:
+        verdict = fit.refused(
+            "max_model_len_too_long",
+            f"max_model_len {max_len} is greater than the model's max_position_embeddings {arch.max_position_embeddings}",
+        )
+    elif available is None:
+        verdict = fit.unknown("the CPU pool size is unknown: give --kv-cache-memory-bytes (or the node memory)")
+    else:
+        verdict = fit.verdict(
+            layout=layout,
+            available_kv_bytes=available,
+            max_model_len=max_len,
+            uncertainty_bytes=0 if explicit_pool else working_uncertainty,
+            search_upper=arch.max_position_embeddings or max_len,
+            headroom_bytes=budget.headroom_bytes if (budget is not None and explicit_pool) else None,
+            headroom_uncertainty_bytes=working_uncertainty,
+        )
+
+    corpus = None
+    if request_tokens:
+        corpus = {**(corpus_info or {}), **corpus_concurrency(layout, pool, request_tokens)}
+        estimates.append("corpus: prompt tokens estimated as UTF-8 bytes / 4")
+
+    return {
+        "model": {
+            "path": settings.model,
+            "config": arch.source,
+            "model_type": arch.model_type,
+            "num_layers": arch.num_layers,
+            "num_attention_heads": heads,
+            "num_kv_heads": arch.num_kv_heads,
+            "kv_heads_per_rank": arch.kv_heads_per_rank(tp),
+            "head_dim": arch.head_dim_k,
+            "mla": arch.mla,
+            "layer_kinds": arch.layer_counts(),
+            "sliding_window": arch.sliding_window,
+            "dtype": arch.dtype,
+            "max_position_embeddings": arch.max_position_embeddings,
+        },
+        "settings": {
+            "device": device,
+            "gpu": gpu_name,
+            "gpu_memory_bytes": total_bytes,
+            "gpu_memory_utilization": settings.gpu_memory_utilization,
+            "tensor_parallel_size": tp,
+            "max_model_len": max_len,
+            "kv_cache_dtype": settings.kv_cache_dtype,
+            "block_size": block_size,
+            "kv_cache_memory_bytes": settings.kv_cache_memory_bytes,
+            "max_num_batched_tokens": batched,
+            "max_num_seqs": seqs,
+            "enforce_eager": settings.enforce_eager,
+            "working_memory_model": settings.working.model_dump(),
+        },
+        "weights": {
+            "source": weights.source,
+            "exact": weights.source == "safetensors",
+            "lower_bound": True,
+            "total_bytes": weights.total_bytes,
+            "per_gpu_bytes": weights.per_gpu_bytes,
+            "tensors": weights.tensors,
+            "files": weights.files,
+            "parameters": weights.parameters,
+        },
+        "kv_bytes_per_token": arch.kv_bytes_per_token(tp, settings.kv_cache_dtype),
+        "kv_bytes_per_token_per_layer": arch.kv_bytes_per_token_per_layer(tp, settings.kv_cache_dtype),
+        "layout": _layout_dict(layout),
+        "budget": _budget_dict(budget, pool) if budget is not None else None,
+        "kv_pool": {
+            "bytes": pool.bytes,
+            "num_blocks": pool.num_blocks,
+            "usable_blocks": pool.usable_blocks,
+            "block_size": pool.block_size,
+            "blocks_per_request": pool.blocks_per_request,
+            "usable_tokens": pool.usable_tokens,
+            "max_concurrency": round(pool.max_concurrency, 4),
+        } if available is not None else None,
+        "kv_cache_tokens": pool.kv_cache_tokens if available is not None else None,
+        "max_concurrency": round(pool.max_concurrency, 4) if available is not None else None,
+        "corpus": corpus,
+        "verdict": verdict,
+        "estimates": estimates,
+    }
