@@ -1,0 +1,67 @@
+"""`planner report`: rebuild report.md, summary.csv and the plots from saved results; no server needed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from planner.cliargs import env_default
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of requests per second") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite number of requests per second")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of concurrent requests") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1 concurrent request")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="rebuild the report, CSV and plots from sweep.json or replay.json",
+        description=(
+            "Rebuild report.md, summary.csv and PNG plots from DIR/sweep.json or DIR/replay.json alone. "
+            "With a target load, also size the fleet for every feasible point."
+        ),
+    )
+    p.add_argument("results", type=Path, metavar="DIR", help="a folder holding sweep.json or replay.json")
+    p.add_argument(
+        "--target-rps",
+        type=_positive_float,
+        default=env_default("PLANNER_TARGET_RPS"),
+        metavar="R",
+        help="size the fleet for R requests/s (env PLANNER_TARGET_RPS)",
+    )
+    p.add_argument(
+        "--target-concurrency",
+        type=_positive_int,
+        default=env_default("PLANNER_TARGET_CONCURRENCY"),
+        metavar="C",
+        help="size the fleet for C concurrent requests (env PLANNER_TARGET_CONCURRENCY)",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.report import write_report
+
+    paths = write_report(args.results, target_rps=args.target_rps, target_concurrency=args.target_concurrency)
+    console = Console()
+    for path in paths:
+        console.print(str(path), highlight=False, soft_wrap=True)
+    return 0

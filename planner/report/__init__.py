@@ -1,0 +1,38 @@
+"""`planner report`: rebuild report.md, summary.csv and the plots from sweep.json or replay.json alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.report import markdown, plots, summary_csv
+from planner.report.fleet import check_targets, plan_fleet
+from planner.report.load import load_results
+from planner.report.view import build
+
+REPORT_FILE = "report.md"
+CSV_FILE = "summary.csv"
+
+
+def write_report(
+    results_dir: Path,
+    *,
+    target_rps: float | None = None,
+    target_concurrency: int | None = None,
+) -> list[Path]:
+    """Write report.md, summary.csv and the PNG plots next to the results; return their paths."""
+    check_targets(target_rps, target_concurrency)
+    source, results = load_results(Path(results_dir))
+    out_dir = source.parent
+    data = build(source, results)
+    plan = None
+    if target_rps is not None or target_concurrency is not None:
+        plan = plan_fleet(data.points, target_rps=target_rps, target_concurrency=target_concurrency)
+    plot_paths = plots.write_plots(data, out_dir)
+    report = out_dir / REPORT_FILE
+    report.write_text(markdown.render(data, plan, [p.name for p in plot_paths]), encoding="utf-8")
+    csv_path = out_dir / CSV_FILE
+    csv_path.write_text(summary_csv.render(data), encoding="utf-8")
+    return [report, csv_path, *plot_paths]
+
+
+__all__ = ["write_report"]

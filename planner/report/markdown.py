@@ -1,0 +1,274 @@
+"""report.md: the recommendation first, then every point, failures, and measured versus estimated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from planner.report.fleet import FleetPlan
+from planner.report.suggestions import suggest
+from planner.report.view import GRID_AXES, LOAD_AXIS_LABELS, PointView, ReportData
+from replay.results import StepResult
+
+DASH = "-"
+
+
+def num(x: float | int | None, digits: int = 1) -> str:
+    if x is None:
+        return DASH
+    if isinstance(x, int) or float(x).is_integer():
+        return f"{int(x):,}"
+    return f"{x:,.{digits}f}"
+
+
+def pct(fraction: float | None, digits: int = 1) -> str:
+    return DASH if fraction is None else f"{fraction * 100:.{digits}f}%"
+
+
+def _cell(text: str) -> str:
+    # A pipe inside a cell would split the table row.
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _throughput_per_gpu(p: PointView) -> float | None:
+    if p.output_tokens_per_s_per_gpu is not None:
+        return p.output_tokens_per_s_per_gpu
+    step = _step_at(p, p.safe)
+    if step is None:
+        return None
+    return step.output_tokens_per_s / (p.gpus or 1)
+
+
+def _step_at(p: PointView, concurrency: int | None) -> StepResult | None:
+    if concurrency is None:
+        return None
+    return next((s for s in p.steps if s.load.mode == "concurrency" and s.load.value == concurrency), None)
+
+
+def _recommendation(data: ReportData) -> list[str]:
+    out = ["## Recommendation", ""]
+    best = data.best
+    if best is None:
+        out.append("**No configuration met the SLOs.** See the failures and the binding constraints below.")
+        return out + [""]
+    if data.kind == "sweep":
+        out.append(f"- Configuration: `{best.config_text()}` (point `{best.id}`)")
+        out.append(
+            f"- Safe concurrency per GPU: **{num(best.safe_per_gpu, 2)}** "
+            f"({num(best.safe)} concurrent requests per server on {best.gpus} GPU{'s' if best.gpus != 1 else ''})"
+        )
+        tput = _throughput_per_gpu(best)
+        out.append(f"- Throughput per GPU at that concurrency: **{num(tput)} output tokens/s**")
+    else:
+        out.append(f"- Server: {data.url} serving `{data.model}`")
+        out.append(f"- Safe concurrency: **{num(best.safe)}** concurrent requests (this server; GPUs not recorded)")
+        step = _step_at(best, best.safe)
+        if step is not None:
+            out.append(
+                f"- Throughput at that concurrency: **{num(step.output_tokens_per_s)} output tokens/s**, "
+                f"{num(step.requests_per_s, 2)} requests/s"
+            )
+    binding = best.binding_constraint or "none reached (the search hit its ceiling)"
+    fail_at = f", first violated at concurrency {best.min_failing}" if best.min_failing is not None else ""
+    out.append(f"- Binding constraint: `{binding}`{fail_at}")
+    if data.kind == "sweep":
+        out.append(
+            f"- Headroom kept: {pct(best.headroom)} below the highest passing concurrency "
+            f"({num(best.max_passing)} passed; {num(best.safe)} recommended)"
+        )
+    else:
+        out.append("- Headroom kept: none; this is the highest concurrency that passed (a sweep applies headroom)")
+    if data.best_reason:
+        out.append(f"- Why this point: {data.best_reason}")
+    if best.command:
+        out.append(f"- Command: `{' '.join(best.command)}`")
+    return out + [""]
+
+
+def _slo_section(data: ReportData) -> list[str]:
+    if not data.slo:
+        return ["## SLOs", "", "No SLOs were recorded with these results.", ""]
+    return ["## SLOs", ""] + table(["SLO", "bound"], [(k, num(v, 3)) for k, v in data.slo.items()])
+
+
+def _fleet_section(plan: FleetPlan, data: ReportData) -> list[str]:
+    targets = []
+    if plan.target_rps is not None:
+        targets.append(f"{num(plan.target_rps, 2)} requests/s")
+    if plan.target_concurrency is not None:
+        targets.append(f"{plan.target_concurrency} concurrent requests")
+    out = ["## Fleet sizing", "", f"Target: {' and '.join(targets)}.", ""]
+    if plan.target_rps is not None:
+        out += [
+            "Requests/s per replica is the rate measured at the safe concurrency, interpolated linearly "
+            "between the two measured concurrency steps around it (below the lowest step, scaled through "
+            "the origin). Replicas = ceil(target / per-replica capacity); GPUs = replicas x GPUs per replica.",
+            "",
+        ]
+    rows = []
+    for o in sorted(plan.options, key=lambda o: (o.gpus if o.gpus is not None else o.replicas, o.point_id)):
+        rate = o.requests_per_s_per_replica
+        rows.append((
+            f"`{o.point_id}`" + (" (cheapest)" if o is plan.cheapest else ""),
+            num(o.safe_concurrency),
+            DASH if rate is None else f"{rate.requests_per_s:.2f} ({rate.method})",
+            num(o.replicas),
+            num(o.gpus_per_replica),
+            num(o.gpus) if o.gpus is not None else "not recorded",
+        ))
+    if rows:
+        out += table(["point", "safe concurrency", "requests/s per replica", "replicas", "GPUs per replica", "GPUs"], rows)
+    else:
+        out += ["No feasible point to size.", ""]
+    if plan.cheapest is not None:
+        c = plan.cheapest
+        gpus = f"{c.gpus} GPUs" if c.gpus is not None else "GPUs not recorded"
+        out += [f"Cheapest: `{c.point_id}`, {c.replicas} replica{'s' if c.replicas != 1 else ''} ({gpus}).", ""]
+    for pid, why in plan.unsized.items():
+        out.append(f"- `{pid}` not sized: {why}")
+    return out + ([""] if plan.unsized else [])
+
+
+def _points_section(data: ReportData) -> list[str]:
+    extra = data.extra_axes
+    header = ["point", *GRID_AXES, *extra, "status", "KV tokens", "max passing", "safe", "safe per GPU",
+              "output tok/s per GPU", "binding constraint"]
+    rows = []
+    for p in data.points:
+        rows.append((
+            f"`{p.id}`" + (" **best**" if p.id == data.best_id else ""),
+            *(str(p.config.get(k, DASH)) for k in GRID_AXES),
+            *(str(p.config.get(k, DASH)) for k in extra),
+            p.status + (f" ({p.failure.kind})" if p.failure else ""),
+            num(p.capacity.kv_cache_tokens),
+            num(p.max_passing),
+            num(p.safe),
+            num(p.safe_per_gpu, 2),
+            num(_throughput_per_gpu(p)) if p.feasible else DASH,
+            p.binding_constraint or DASH,
+        ))
+    return ["## Every point", ""] + table(header, rows)
+
+
+def _failures_section(data: ReportData) -> list[str]:
+    failed = [p for p in data.points if p.status != "ok" or p.failure is not None]
+    if not failed:
+        return []
+    rows = []
+    for p in failed:
+        message = p.failure.message if p.failure else f"binding constraint {p.binding_constraint or DASH}"
+        if len(message) > 240:
+            message = message[:237] + "..."
+        rows.append((f"`{p.id}`", p.failure.kind if p.failure else p.status, message, suggest(p.failure, p.status)))
+    out = ["## Failures", ""] + table(["point", "kind", "what happened", "suggestion"], rows)
+    others = {pid: why for pid, why in data.others.items() if pid not in {p.id for p in failed}}
+    if others:
+        out += ["Why the other points lost:", ""] + [f"- `{pid}`: {why}" for pid, why in others.items()] + [""]
+    return out
+
+
+def _measured_vs_estimated(data: ReportData) -> list[str]:
+    rows = []
+    for p in data.points:
+        cap = p.capacity
+        if cap.kv_cache_tokens is None and p.kv_cache_tokens_predicted is None:
+            continue
+        ratio = None
+        if p.max_passing and cap.max_concurrency_reported:
+            ratio = p.max_passing / cap.max_concurrency_reported
+        error = p.kv_cache_tokens_relative_error
+        if error is None and cap.kv_cache_tokens and p.kv_cache_tokens_predicted is not None:
+            error = (p.kv_cache_tokens_predicted - cap.kv_cache_tokens) / cap.kv_cache_tokens
+        rows.append((
+            f"`{p.id}`",
+            num(cap.kv_cache_tokens),
+            num(p.kv_cache_tokens_predicted),
+            DASH if error is None else f"{error * 100:+.1f}%",
+            DASH if cap.max_concurrency_reported is None else f"{cap.max_concurrency_reported:.2f}x at {num(cap.max_model_len)} tokens",
+            num(p.max_passing),
+            num(p.safe),
+            DASH if ratio is None else f"{ratio:.2f}",
+        ))
+    if not rows:
+        return []
+    header = ["point", "KV tokens (vLLM)", "KV tokens (predicted)", "prediction error",
+              "vLLM max concurrency", "max passing (measured)", "safe", "measured / vLLM"]
+    return [
+        "## Measured versus vLLM's start-up estimate",
+        "",
+        "vLLM's maximum concurrency assumes every request fills max-model-len tokens; the measured figures "
+        "come from the replayed corpus and the SLOs, so they differ by the corpus's real request length and "
+        "by whichever SLO binds first.",
+        "",
+    ] + table(header, rows)
+
+
+def step_rows(steps: Sequence[StepResult]) -> list[tuple[str, ...]]:
+    rows = []
+    for s in steps:
+        verdict = "pass" if s.slo_pass else "fail: " + ", ".join(s.slo_violations)
+        if s.slo_unverified:
+            verdict += f" (unverified: {', '.join(s.slo_unverified)})"
+        rows.append((
+            num(s.load.value, 2),
+            num(s.requests_ok),
+            num(s.requests_failed),
+            num(s.requests_per_s, 2),
+            num(s.output_tokens_per_s),
+            num(s.ttft_ms.p50),
+            num(s.ttft_ms.p99),
+            num(s.itl_ms.p99),
+            num(s.e2e_ms.p99),
+            pct(s.server.kv_cache_usage_peak),
+            num(s.server.preemptions),
+            verdict,
+        ))
+    return rows
+
+
+STEP_HEADER = ["load", "ok", "failed", "requests/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
+               "ITL p99 ms", "E2E p99 ms", "KV peak", "preemptions", "SLOs"]
+
+
+def _steps_section(data: ReportData) -> list[str]:
+    out = ["## Steps", ""]
+    for p in data.points:
+        if not p.steps:
+            continue
+        if data.kind == "sweep":
+            out += [f"### `{p.id}`", ""]
+        out += [f"Load: {LOAD_AXIS_LABELS[p.load_mode].lower()}.", ""] + table(STEP_HEADER, step_rows(p.steps))
+    return out if len(out) > 2 else []
+
+
+def _plots_section(plot_names: Sequence[str]) -> list[str]:
+    if not plot_names:
+        return []
+    return ["## Plots", ""] + [f"![{name}]({name})" for name in plot_names] + [""]
+
+
+def render(data: ReportData, plan: FleetPlan | None, plot_names: Sequence[str]) -> str:
+    title = f"Capacity report: {data.model}" if data.model else "Capacity report"
+    source = f"{data.kind} results `{data.source.name}`, started {data.started_at or DASH}"
+    if data.kind == "sweep":
+        ok = sum(p.status == "ok" for p in data.points)
+        source += f"; {len(data.points)} points, {ok} measured"
+    lines = [f"# {title}", "", source + ".", ""]
+    if data.interrupted:
+        lines += ["**Interrupted:** these results cover only what was measured before the run stopped.", ""]
+    lines += _recommendation(data)
+    lines += _slo_section(data)
+    if plan is not None:
+        lines += _fleet_section(plan, data)
+    if data.kind == "sweep":
+        lines += _points_section(data)
+    lines += _failures_section(data) if data.kind == "sweep" else []
+    lines += _measured_vs_estimated(data)
+    lines += _steps_section(data)
+    lines += _plots_section(plot_names)
+    return "\n".join(lines).rstrip() + "\n"

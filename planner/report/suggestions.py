@@ -1,0 +1,58 @@
+"""What to try next for each way a point can fail, keyed by the sweep's failure kinds."""
+
+from __future__ import annotations
+
+from planner.sweep.results import Failure
+
+SUGGESTIONS: dict[str, str] = {
+    "kv_too_small": (
+        "the KV cache cannot hold one request of max-model-len tokens; raise --gpu-memory-utilization, "
+        "use more tensor-parallel GPUs, or lower --max-model-len"
+    ),
+    "no_kv_memory": (
+        "the weights left no memory for the KV cache; raise --gpu-memory-utilization or shard the model "
+        "over more GPUs (--tensor-parallel-size)"
+    ),
+    "gpu_oom": (
+        "the GPU ran out of memory while loading or warming up; lower --gpu-memory-utilization or "
+        "--max-num-seqs, or use more tensor-parallel GPUs"
+    ),
+    "world_size_too_large": (
+        "tensor-parallel x pipeline-parallel size is larger than the GPUs on this node; keep it at or "
+        "below the GPU count"
+    ),
+    "heads_not_divisible": "choose a --tensor-parallel-size that divides the model's attention heads",
+    "max_model_len_too_long": (
+        "--max-model-len is above the model's own limit (its config's max_position_embeddings); lower "
+        "it, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if the model really supports it"
+    ),
+    "bad_flag": "a flag is not accepted by this vLLM version; check the log tail and `vllm serve --help`",
+    "timeout": "the server was not ready in time; raise the start-up timeout or check the log for a stall",
+    "crashed": "the server exited during start-up; the log tail holds the cause",
+    "server_died": (
+        "the server died or stopped answering during the replay; check the log, and lower the "
+        "concurrency ceiling or --gpu-memory-utilization"
+    ),
+    "replay_error": "the replay could not use the server (see the message); fix that and rerun the point",
+    "interrupted": "the sweep stopped during this point; rerun the sweep to measure it",
+    "predicted_infeasible": (
+        "skipped without launching: the estimate says the KV cache cannot hold one max-model-len "
+        "request; the same remedies as kv_too_small apply"
+    ),
+}
+
+NO_PASSING_STEP = "no concurrency met every SLO; the binding constraint is the SLO to relax or the resource to add"
+# Statuses of a sweep still running, or of the file of one that was killed.
+NOT_MEASURED = "not measured yet; rerun the sweep (or wait for it) to fill this point in"
+
+
+def suggest(failure: Failure | None, status: str = "infeasible") -> str:
+    if failure is None:
+        return NOT_MEASURED if status in ("pending", "running") else NO_PASSING_STEP
+    if failure.kind == "kv_too_small" and failure.estimated_max_model_len:
+        return (
+            f"the largest max-model-len that fits is {failure.estimated_max_model_len} (vLLM's estimate): "
+            f"run with --max-model-len {failure.estimated_max_model_len}, or raise "
+            "--gpu-memory-utilization / --tensor-parallel-size to keep the longer context"
+        )
+    return SUGGESTIONS.get(failure.kind, "see the server log")

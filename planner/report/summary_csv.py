@@ -1,0 +1,74 @@
+"""summary.csv: one row per point and step; a point that never ran a step gets one row of its own."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from planner.report.view import GRID_AXES, PointView, ReportData
+from replay.results import StepResult
+
+STEP_COLUMNS = (
+    "load_mode", "load_value", "requests_ok", "requests_failed", "requests_per_s", "output_tokens_per_s",
+    "output_tokens_per_s_per_gpu", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p99_ms",
+    "e2e_p50_ms", "e2e_p99_ms", "kv_cache_usage_peak", "preemptions", "running_peak", "waiting_peak",
+    "slo_pass", "slo_violations",
+)
+POINT_COLUMNS = (
+    "point_id", "status", "failure_kind", "gpus", "kv_cache_tokens", "max_passing_concurrency",
+    "safe_concurrency", "safe_concurrency_per_gpu",
+)
+
+
+def _step_fields(s: StepResult, gpus: int | None) -> dict[str, Any]:
+    return {
+        "load_mode": s.load.mode,
+        "load_value": s.load.value,
+        "requests_ok": s.requests_ok,
+        "requests_failed": s.requests_failed,
+        "requests_per_s": s.requests_per_s,
+        "output_tokens_per_s": s.output_tokens_per_s,
+        "output_tokens_per_s_per_gpu": None if gpus is None else s.output_tokens_per_s / gpus,
+        "ttft_p50_ms": s.ttft_ms.p50,
+        "ttft_p99_ms": s.ttft_ms.p99,
+        "itl_p50_ms": s.itl_ms.p50,
+        "itl_p99_ms": s.itl_ms.p99,
+        "tpot_p99_ms": s.tpot_ms.p99,
+        "e2e_p50_ms": s.e2e_ms.p50,
+        "e2e_p99_ms": s.e2e_ms.p99,
+        "kv_cache_usage_peak": s.server.kv_cache_usage_peak,
+        "preemptions": s.server.preemptions,
+        "running_peak": s.server.running_peak,
+        "waiting_peak": s.server.waiting_peak,
+        "slo_pass": s.slo_pass,
+        "slo_violations": ";".join(s.slo_violations),
+    }
+
+
+def _point_fields(p: PointView) -> dict[str, Any]:
+    return {
+        "point_id": p.id,
+        "status": p.status,
+        "failure_kind": p.failure.kind if p.failure else None,
+        "gpus": p.gpus,
+        "kv_cache_tokens": p.capacity.kv_cache_tokens,
+        "max_passing_concurrency": p.max_passing,
+        "safe_concurrency": p.safe,
+        "safe_concurrency_per_gpu": p.safe_per_gpu,
+    }
+
+
+def render(data: ReportData) -> str:
+    config_columns = [*GRID_AXES, *data.extra_axes] if data.kind == "sweep" else []
+    columns = [*POINT_COLUMNS[:1], *config_columns, *POINT_COLUMNS[1:], *STEP_COLUMNS]
+    buf = io.StringIO()
+    # Empty cells, not "None", for values that were not measured, so spreadsheets read them as blank.
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for p in data.points:
+        base = _point_fields(p) | {k: p.config.get(k) for k in config_columns}
+        for s in p.steps or (None,):
+            row = base | (_step_fields(s, p.gpus) if s is not None else {})
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+    return buf.getvalue()

@@ -1,0 +1,188 @@
+"""One shape for what a report shows, whether it came from a sweep or from a single replay.
+
+A replay is one server and no grid: it becomes a single point whose GPU count is unknown
+(replay.json does not record it) and whose safe concurrency is the highest passing one, since a
+replay keeps no headroom of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from planner.sweep.results import Capacity, Failure, PointResult, SweepResults
+from replay.results import ReplayResults, StepResult
+from replay.search import bracket
+
+LOAD_AXIS_LABELS = {
+    "concurrency": "Concurrency (requests in flight)",
+    "rate": "Offered load (requests/s)",
+    "trace": "Trace speed-up (x)",
+}
+
+# The grid axes every sweep has; other config keys are shown as "other flags".
+GRID_AXES = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size")
+
+
+@dataclass(frozen=True)
+class PointView:
+    id: str
+    config: dict[str, Any]
+    status: str
+    # None for a replay: the number of GPUs behind the URL is not recorded.
+    gpus: int | None
+    # Sorted along the load axis (then by start time) so curves are drawn left to right.
+    steps: tuple[StepResult, ...]
+    max_passing: int | None
+    min_failing: int | None
+    safe: int | None
+    binding_constraint: str | None
+    output_tokens_per_s_per_gpu: float | None = None
+    capacity: Capacity = field(default_factory=Capacity)
+    failure: Failure | None = None
+    kv_cache_tokens_predicted: int | None = None
+    kv_cache_tokens_relative_error: float | None = None
+    command: tuple[str, ...] = ()
+
+    @property
+    def load_mode(self) -> str:
+        return self.steps[0].load.mode if self.steps else "concurrency"
+
+    @property
+    def feasible(self) -> bool:
+        return self.status == "ok" and self.safe is not None and self.safe > 0
+
+    @property
+    def safe_per_gpu(self) -> float | None:
+        if self.safe is None or self.gpus is None:
+            return None
+        return self.safe / self.gpus
+
+    @property
+    def headroom(self) -> float | None:
+        """The fraction of the highest passing concurrency left unused at the safe point."""
+        if self.safe is None or not self.max_passing:
+            return None
+        return 1.0 - self.safe / self.max_passing
+
+    def config_text(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.config.items()) or "(as launched)"
+
+
+@dataclass(frozen=True)
+class ReportData:
+    kind: Literal["sweep", "replay"]
+    source: Path
+    model: str | None
+    slo: dict[str, float]
+    points: tuple[PointView, ...]
+    best_id: str | None = None
+    best_reason: str | None = None
+    # Why every other point lost, keyed by point id (sweeps only).
+    others: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False
+    started_at: str | None = None
+    url: str | None = None
+
+    @property
+    def best(self) -> PointView | None:
+        return next((p for p in self.points if p.id == self.best_id), None)
+
+    @property
+    def extra_axes(self) -> list[str]:
+        """Config keys beyond the standard grid axes, in first-seen order."""
+        keys: dict[str, None] = {}
+        for p in self.points:
+            for k in p.config:
+                if k not in GRID_AXES:
+                    keys[k] = None
+        return list(keys)
+
+
+def _sorted_steps(steps: list[StepResult]) -> tuple[StepResult, ...]:
+    return tuple(sorted(steps, key=lambda s: (s.load.value, s.started_at)))
+
+
+def _point(p: PointResult) -> PointView:
+    return PointView(
+        id=p.id,
+        config=dict(p.config),
+        status=p.status,
+        gpus=p.gpus,
+        steps=_sorted_steps(p.steps),
+        max_passing=p.max_passing_concurrency,
+        min_failing=p.min_failing_concurrency,
+        safe=p.safe_concurrency,
+        binding_constraint=p.binding_constraint,
+        output_tokens_per_s_per_gpu=p.output_tokens_per_s_per_gpu,
+        capacity=p.capacity,
+        failure=p.failure,
+        kv_cache_tokens_predicted=p.kv_cache_tokens_predicted,
+        kv_cache_tokens_relative_error=p.kv_cache_tokens_relative_error,
+        command=tuple(p.command),
+    )
+
+
+def _slo(settings: dict[str, Any]) -> dict[str, float]:
+    slo = settings.get("slo")
+    if not isinstance(slo, dict):
+        return {}
+    return {str(k): float(v) for k, v in slo.items() if isinstance(v, int | float)}
+
+
+def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
+    model = sweep.settings.get("served_model_name") or sweep.settings.get("model")
+    return ReportData(
+        kind="sweep",
+        source=source,
+        model=str(model) if model else None,
+        slo=_slo(sweep.settings),
+        points=tuple(_point(p) for p in sweep.points),
+        best_id=sweep.best.point_id if sweep.best else None,
+        best_reason=sweep.best.reason if sweep.best else None,
+        others=dict(sweep.best.others) if sweep.best else {},
+        interrupted=sweep.interrupted,
+        started_at=sweep.started_at,
+    )
+
+
+def from_replay(source: Path, replay: ReplayResults) -> ReportData:
+    max_passing, min_failing = replay.max_passing_concurrency, replay.min_failing_concurrency
+    concurrency_steps = [s for s in replay.steps if s.load.mode == "concurrency"]
+    if max_passing is None and min_failing is None and concurrency_steps:
+        # A fixed list of loads (no --find-max) still brackets the answer.
+        b = bracket([(int(s.load.value), s.slo_pass) for s in concurrency_steps])
+        max_passing, min_failing = b.max_passing, b.min_failing
+    binding = replay.binding_constraint
+    if binding is None and min_failing is not None:
+        failing = [s for s in concurrency_steps if int(s.load.value) == min_failing and s.slo_violations]
+        binding = failing[0].slo_violations[0] if failing else None
+    point = PointView(
+        id="replay",
+        config={},
+        status="ok" if max_passing else "infeasible",
+        gpus=None,
+        steps=_sorted_steps(replay.steps),
+        max_passing=max_passing,
+        min_failing=min_failing,
+        safe=max_passing,
+        binding_constraint=binding,
+    )
+    return ReportData(
+        kind="replay",
+        source=source,
+        model=replay.model,
+        slo=dict(replay.slo),
+        points=(point,),
+        best_id=point.id if point.feasible else None,
+        interrupted=replay.interrupted,
+        started_at=replay.started_at,
+        url=replay.url,
+    )
+
+
+def build(source: Path, results: SweepResults | ReplayResults) -> ReportData:
+    if isinstance(results, SweepResults):
+        return from_sweep(source, results)
+    return from_replay(source, results)
