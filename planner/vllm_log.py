@@ -47,8 +47,9 @@ _CPU_KV_SET = re.compile(r"(?:Explicitly|Auto) set \(" + _FLOAT + r"/" + _FLOAT 
 _MODEL_LOADING = re.compile(r"Model loading took " + _FLOAT + r" GiB(?: memory)? and " + _FLOAT + r" seconds")
 _MODEL_WEIGHTS_OLD = re.compile(r"Loading model weights took " + _FLOAT + r" GB")
 _GRAPH_CAPTURE = re.compile(r"Graph capturing finished in " + _FLOAT + r" secs?, took " + _FLOAT + r" GiB")
-_READY = re.compile(r"Starting vLLM (?:API )?server on (\S+)")
-_VERSION = re.compile(r"vLLM (?:API )?server version (\S+?),?(?:\s|$)")
+_READY = re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on (\S+)")
+# 0.32 prints the version inside its ASCII-art banner (`█ ▀▄▀ █  version 0.32.0`); older ones a line.
+_VERSION = re.compile(r"(?:vLLM (?:API )?server version |[█▀▄]\s+version\s+)(\d[\w.+\-]*)")
 
 _ESTIMATED_MAX_LEN = re.compile(r"estimated maximum model length is " + _INT)
 
@@ -65,6 +66,8 @@ _ROOT_CAUSES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
             r"|Failed to load model - not enough GPU memory"
             r"|CUDA out of memory occurred when warming up"
             r"|OutOfMemoryError: CUDA out of memory"
+            # The CPU build's form: the node's free RAM cannot hold the KV cache asked for.
+            r"|Available memory on node \d+ .* is less than requested memory for kv"
         ),
     ),
     ("world_size_too_large", re.compile(r"World size \(\d+\) is larger than the number of available GPUs")),
@@ -72,7 +75,7 @@ _ROOT_CAUSES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     ("max_model_len_too_long", re.compile(r"User-specified max_model_len \(\d+\) is greater than the derived")),
 )
 _WRAPPERS = re.compile(r"EngineCore failed to start|Engine core initialization failed")
-_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:?")
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:?|^Fatal Python error:")
 # An exception's class in front of the message: "ValueError: To serve ..." -> "To serve ...".
 _EXCEPTION_CLASS = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception): |^\s*Value error, ")
 
@@ -147,7 +150,8 @@ def ready_address(log_text: str) -> str | None:
 
 
 def parse_version(log_text: str) -> str | None:
-    """The version from `vLLM server version X, serving model M` (older: `vLLM API server version X`)."""
+    """The version from 0.32's start-up banner, `vLLM server version X, serving model M` or the
+    older `vLLM API server version X`."""
     match = _VERSION.search(_ANSI.sub("", log_text))
     return match.group(1) if match else None
 

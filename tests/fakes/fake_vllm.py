@@ -251,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     models = args.served_model_name or [args.model]
 
-    log("INFO", "utils.py:325", f"vLLM server version {FAKE_VERSION}, serving model {models[0]}")
+    # vLLM 0.32's banner carries the version and model (the art is cut down to one line here).
+    log("INFO", "api_utils.py:347", f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {FAKE_VERSION}")
+    log("INFO", "api_utils.py:347", f"  █▄█▀ █     █     █     █  model   {models[0]}")
     shown = {k: v for k, v in vars(args).items() if v != parser.get_default(k)}
     if "api_key" in shown:
         shown["api_key"] = [shown["api_key"]]  # vLLM logs the command-line key like this
