@@ -202,6 +202,7 @@ class GpuMemorySampler:
         self.errors = 0
         self.note: str | None = None if self.gpu_ids else "no GPUs: GPU memory not sampled"
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     async def __aenter__(self) -> GpuMemorySampler:
         self.start()
@@ -218,9 +219,10 @@ class GpuMemorySampler:
         if self._task is None:
             return
         task, self._task = self._task, None
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Let a sample in flight finish (it is bounded by the query timeout): cancelling it would
+        # lose a figure nvidia-smi already measured.
+        self._stopping.set()
+        await task
         # One last sample, so a step shorter than the interval still has a figure.
         await self.sample_once()
 
@@ -272,7 +274,8 @@ class GpuMemorySampler:
     async def _run(self) -> None:
         # Scheduled by the clock, so slow nvidia-smi calls do not stretch the interval.
         next_at = time.perf_counter()
-        while True:
+        while not self._stopping.is_set():
             await self.sample_once()
             next_at += self.interval_s
-            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), max(0.0, next_at - time.perf_counter()))
