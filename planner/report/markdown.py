@@ -79,7 +79,8 @@ def _recommendation(data: ReportData) -> list[str]:
     if data.kind == "sweep":
         out.append(
             f"- Headroom kept: {pct(best.headroom)} below the highest passing concurrency "
-            f"({num(best.max_passing)} passed; {num(best.safe)} recommended)"
+            f"({num(best.max_passing)} passed; {num(best.safe)} recommended"
+            + (f"; configured headroom {pct(data.headroom_setting, 0)}, rounded down to whole requests)" if data.headroom_setting is not None else ")")
         )
     else:
         out.append("- Headroom kept: none; this is the highest concurrency that passed (a sweep applies headroom)")

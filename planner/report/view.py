@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.sweep.results import Capacity, Failure, PointResult, SweepResults
+from replay import slo as slo_mod
+from replay.errors import SloSpecError
 from replay.results import ReplayResults, StepResult
 from replay.search import bracket
 
@@ -84,6 +86,8 @@ class ReportData:
     interrupted: bool = False
     started_at: str | None = None
     url: str | None = None
+    # The sweep's configured headroom fraction (its [slo] headroom), when saved.
+    headroom_setting: float | None = None
 
     @property
     def best(self) -> PointView | None:
@@ -125,18 +129,39 @@ def _point(p: PointResult) -> PointView:
 
 
 def _slo(settings: dict[str, Any]) -> dict[str, float]:
+    """The SLO bounds saved with a sweep's settings (its [slo] section also holds `headroom`)."""
     slo = settings.get("slo")
     if not isinstance(slo, dict):
         return {}
-    return {str(k): float(v) for k, v in slo.items() if isinstance(v, int | float)}
+    out = {}
+    for key, bound in slo.items():
+        try:
+            slo_mod.check_key(str(key))
+        except SloSpecError:
+            continue
+        if isinstance(bound, int | float):
+            out[str(key)] = float(bound)
+    return out
+
+
+def _headroom(settings: dict[str, Any]) -> float | None:
+    slo = settings.get("slo")
+    value = slo.get("headroom") if isinstance(slo, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _sweep_model(settings: dict[str, Any]) -> str | None:
+    server = settings.get("server")
+    model = server.get("model") if isinstance(server, dict) else None
+    return str(model) if model else None
 
 
 def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
-    model = sweep.settings.get("served_model_name") or sweep.settings.get("model")
+    model = _sweep_model(sweep.settings)
     return ReportData(
         kind="sweep",
         source=source,
-        model=str(model) if model else None,
+        model=model,
         slo=_slo(sweep.settings),
         points=tuple(_point(p) for p in sweep.points),
         best_id=sweep.best.point_id if sweep.best else None,
@@ -144,6 +169,7 @@ def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
         others=dict(sweep.best.others) if sweep.best else {},
         interrupted=sweep.interrupted,
         started_at=sweep.started_at,
+        headroom_setting=_headroom(sweep.settings),
     )
 
 

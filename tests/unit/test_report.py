@@ -101,7 +101,7 @@ def test_recommendation_comes_first_with_the_fixture_numbers(sweep_report: tuple
     assert f"`{best.binding_constraint}`, first violated at concurrency {best.min_failing_concurrency}" in rec
     headroom = 1 - best.safe_concurrency / best.max_passing_concurrency
     assert f"{headroom * 100:.1f}% below the highest passing concurrency" in rec
-    assert f"({best.max_passing_concurrency} passed; {best.safe_concurrency} recommended)" in rec
+    assert f"({best.max_passing_concurrency} passed; {best.safe_concurrency} recommended; configured headroom 10%" in rec
     assert " ".join(best.command) in rec
 
 
