@@ -16,7 +16,7 @@ from planner import __version__
 from planner.errors import PlannerError
 from replay.errors import ReplayError
 
-COMMANDS: tuple[str, ...] = ("replay", "report")  # each command module adds its name here when it lands
+COMMANDS: tuple[str, ...] = ("replay", "report", "sweep", "prompts", "estimate")  # each command module adds its name here when it lands
 
 
 def build_parser() -> argparse.ArgumentParser:
