@@ -10,9 +10,9 @@ prediction and an observed failure can be compared one to one:
     max_model_len_too_long  max_model_len exceeds the model's max_position_embeddings
 
 A margin is "clear" when it is larger than the model's uncertainty: zero for a pool sized
-explicitly by --kv-cache-memory-bytes (vLLM allocates exactly that), otherwise a fraction of
-the predicted working memory (plus 5% of the weights when they were only estimated from
-config.json). Sweeps skip only points that do not fit by a clear margin.
+explicitly by --kv-cache-memory-bytes (vLLM allocates exactly that), otherwise half the
+predicted working memory plus 1 GiB (WorkingMemoryModel.uncertainty_*; plus 5% of the weights
+when they were only estimated from config.json). Sweeps skip only points that do not fit by a clear margin.
 """
 
 from __future__ import annotations

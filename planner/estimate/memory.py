@@ -41,13 +41,15 @@ class WorkingMemoryModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cuda_context_gib: float = Field(0.5, ge=0, description="CUDA context and library workspaces per GPU")
-    nccl_gib: float = Field(1.0, ge=0, description="NCCL and custom all-reduce buffers per GPU when TP > 1")
+    nccl_gib: float = Field(1.75, ge=0, description="NCCL and custom all-reduce buffers per GPU when TP > 1")
     cuda_graphs_gib: float = Field(0.5, ge=0, description="CUDA graph pool per GPU (0 with enforce_eager)")
     activation_factor: float = Field(1.0, gt=0, description="multiplier on the predicted activation peak")
     sampler_copies: float = Field(2.0, ge=0, description="fp32 logits-sized buffers the sampler holds at once")
     reserve_gib: float = Field(0.0, ge=0, description="extra reserve for allocator fragmentation")
-    # Relative error the verdict allows on the predicted working memory before calling a margin clear.
-    uncertainty_fraction: float = Field(0.25, ge=0, le=1)
+    # The verdict calls a margin clear only beyond uncertainty_fraction x working memory +
+    # uncertainty_gib: on the calibration logs the model was off by up to 2 GiB (README).
+    uncertainty_fraction: float = Field(0.5, ge=0, le=1)
+    uncertainty_gib: float = Field(1.0, ge=0)
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,7 @@ def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = N
         available = None
 
     pool = size_pool(layout, available or 0, max_len)
-    working_uncertainty = int(settings.working.uncertainty_fraction * working.total_bytes) + (
+    working_uncertainty = int(settings.working.uncertainty_fraction * working.total_bytes + settings.working.uncertainty_gib * GIB) + (
         int(0.05 * weights.per_gpu_bytes) if weights.source == "config" else 0
     )
     explicit_pool = settings.kv_cache_memory_bytes is not None
