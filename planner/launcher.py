@@ -131,6 +131,32 @@ def _flag_int(args: Sequence[str], flag: str) -> int | None:
     return None
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs. Zombies do not count: in a container whose
+    PID 1 does not reap orphans, a killed EngineCore stays a zombie of the group for ever."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after it.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def _connect_host(host: str) -> str:
     # A server listening on every interface is reached through loopback.
     if host in ("0.0.0.0", ""):
@@ -381,15 +407,7 @@ class VllmServer:
     # -- stopping ---------------------------------------------------------------------------
 
     def _group_alive(self) -> bool:
-        if self.pgid is None:
-            return False
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return self.pgid is not None and group_alive(self.pgid)
 
     def _signal_group(self, sig: signal.Signals) -> None:
         if self.pgid is None:

@@ -217,7 +217,11 @@ async def _serve(args: argparse.Namespace, behavior: Behavior, cache_info: dict[
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
-    await asyncio.sleep(_env_float("FAKE_VLLM_STARTUP_S", 0.0))
+    # Like vLLM, a SIGTERM while still starting up ends the server.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), _env_float("FAKE_VLLM_STARTUP_S", 0.0))
+    if stop.is_set():
+        return 0
     try:
         server = FakeVllmServer(behavior, host=args.host, port=args.port, cache_info=cache_info)
         await server.__aenter__()
