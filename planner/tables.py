@@ -69,3 +69,39 @@ def replay_summary(results: ReplayResults) -> list[str]:
             lines.append(f"note: {load_label(s)}: no server metrics ({s.server.metrics_note})")
             break
     return lines
+
+
+def sweep_table(results) -> Table:
+    table = Table(title="sweep", title_justify="left")
+    for name in ["point", "status", "KV tokens", "reported conc.", "bound", "max passing", "safe", "safe/GPU",
+                 "out tok/s/GPU", "binding constraint"]:
+        table.add_column(name, justify="left" if name in ("point", "status", "binding constraint") else "right")
+    for p in results.points:
+        status = p.status if p.failure is None else f"{p.status} ({p.failure.kind})"
+        table.add_row(
+            p.id,
+            status,
+            fmt(p.capacity.kv_cache_tokens),
+            fmt(p.capacity.max_concurrency_reported, 2),
+            fmt(p.concurrency_upper_bound),
+            fmt(p.max_passing_concurrency),
+            fmt(p.safe_concurrency),
+            fmt(p.safe_concurrency_per_gpu, 2),
+            fmt(p.output_tokens_per_s_per_gpu, 0),
+            p.binding_constraint or "-",
+        )
+    return table
+
+
+def sweep_summary(results) -> list[str]:
+    if results.best is None:
+        lines = ["no configuration passed the SLOs at any concurrency"]
+    else:
+        b = results.best
+        point = next(p for p in results.points if p.id == b.point_id)
+        flags = " ".join(f"{k}={v}" for k, v in point.config.items())
+        lines = [f"recommended: {b.point_id} ({flags}): {b.reason}"]
+        lines += [f"  {pid}: {why}" for pid, why in b.others.items()]
+    if results.interrupted:
+        lines.append("the sweep was interrupted; finished points are kept (rerun with --resume)")
+    return lines

@@ -3,6 +3,7 @@
     ReplayError
      +-- CorpusError          a corpus line or file is invalid (carries path and line)
      +-- SloSpecError         an SLO expression cannot be parsed
+     +-- StepAborted          a step was stopped because its server went away
      +-- ServerError          the server cannot be used for a replay at all
           +-- ServerUnreachable   nothing answers at the URL
           +-- AuthError           the server rejected the API key (HTTP 401/403)
@@ -28,6 +29,10 @@ class CorpusError(ReplayError):
 
 
 class SloSpecError(ReplayError):
+    pass
+
+
+class StepAborted(ReplayError):
     pass
 
 

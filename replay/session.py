@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from replay.client import StreamingClient
 from replay.corpus import Corpus
-from replay.errors import ReplayError
+from replay.errors import ReplayError, StepAborted
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
 from replay.observer import ReplayObserver
 from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
@@ -17,6 +19,17 @@ from replay.search import bracket, next_probe
 from replay.server_metrics import MetricsScraper
 from replay.settings import ReplaySettings
 from replay.step import RequestCursor, run_step
+
+
+class StepMonitor(Protocol):
+    """Runs around each step (the sweep samples GPU memory with one); `peak_mib` is copied into
+    the step's gpu_memory_peak_mib."""
+
+    peak_mib: dict[str, float]
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
 
 RESULTS_FILE = "replay.json"
 # Connection pool size when the highest concurrency is not known in advance.
@@ -55,6 +68,7 @@ class Replay:
         *,
         observer: ReplayObserver | None = None,
         on_step: Callable[[StepResult], None] | None = None,
+        step_monitor: Callable[[], StepMonitor] | None = None,
     ) -> None:
         self.client = client
         self.corpus = corpus
@@ -62,21 +76,33 @@ class Replay:
         self.slo = slo
         self.observer = observer
         self.on_step = on_step
+        self.step_monitor = step_monitor
         self.cursor = RequestCursor(corpus.requests)
         self.steps: list[StepResult] = []
+        # Set when the server is known to be gone: the step running stops sending, its partial
+        # result is dropped, and StepAborted is raised.
+        self.abort = asyncio.Event()
 
     async def step(self, load: Load) -> StepResult:
         scraper = MetricsScraper(self.client.metrics_text, interval_s=self.settings.metrics_interval_s)
-        result = await run_step(
-            self.client,
-            self.cursor,
-            load,
-            self.settings.window(),
-            requests=self.corpus.requests,
-            scraper=scraper,
-            observer=self.observer,
-            slo=self.slo,
-        )
+        monitor = self.step_monitor() if self.step_monitor is not None else contextlib.nullcontext()
+        async with monitor:
+            result = await run_step(
+                self.client,
+                self.cursor,
+                load,
+                self.settings.window(),
+                requests=self.corpus.requests,
+                scraper=scraper,
+                observer=self.observer,
+                slo=self.slo,
+                abort=self.abort,
+            )
+        if self.abort.is_set():
+            raise StepAborted(f"the step at {load.label()} was aborted: the server went away")
+        peak = getattr(monitor, "peak_mib", None)
+        if peak:
+            result.gpu_memory_peak_mib = dict(peak)
         self.steps.append(result)
         if self.on_step is not None:
             self.on_step(result)

@@ -144,8 +144,13 @@ async def run_step(
     scraper: MetricsScraper | None = None,
     observer: ReplayObserver | None = None,
     slo: dict[str, float] | None = None,
+    abort: asyncio.Event | None = None,
 ) -> StepResult:
-    """Run one step and return its result. `requests` is the corpus (trace replay needs it whole)."""
+    """Run one step and return its result. `requests` is the corpus (trace replay needs it whole).
+
+    Setting `abort` stops sending at once and closes the window; requests in flight end by
+    themselves (they are not cancelled: cancelling a connect midway leaks its socket).
+    """
     from replay import slo as slo_mod
 
     obs = observer or Observers()
@@ -205,7 +210,13 @@ async def run_step(
     async def clock() -> None:
         # Closes a window on time even when no request finishes (max_window_s, min_window_s).
         while not state.closed:
-            state.tick(time.perf_counter())
+            now = time.perf_counter()
+            if abort is not None and abort.is_set():
+                state.open_s = state.open_s if state.open_s is not None else now
+                state.close_s = now
+                stop_sending.set()
+                break
+            state.tick(now)
             await asyncio.sleep(0.05)
 
     lag_stop = asyncio.Event()

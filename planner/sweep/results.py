@@ -10,7 +10,8 @@ from replay.results import StepResult
 
 SCHEMA_VERSION = 1
 
-PointStatus = Literal["ok", "infeasible", "failed", "predicted_infeasible"]
+# pending and running appear only while a sweep runs (or in the file of one that was killed).
+PointStatus = Literal["ok", "infeasible", "failed", "predicted_infeasible", "pending", "running"]
 
 # Start-up failure kinds, classified from the server log.
 FailureKind = Literal[
@@ -25,7 +26,9 @@ FailureKind = Literal[
     "crashed",
     # During the replay (status "failed"): the server died or stopped answering.
     "server_died",
+    "replay_error",
     "predicted_infeasible",
+    "interrupted",
 ]
 
 

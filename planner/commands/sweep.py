@@ -1,0 +1,120 @@
+"""`planner sweep`: start vLLM across a grid and find the highest safe concurrency per GPU."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+from pathlib import Path
+
+from rich.console import Console
+
+from planner.progress import StepProgress
+from planner.sweep.config import load_settings
+from planner.sweep.grid import expand
+from planner.sweep.run import RESULTS_FILE, run_sweep
+from planner.tables import sweep_summary, sweep_table
+from replay.corpus import load_corpus
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="launch vLLM across a grid and find the highest safe concurrency per GPU",
+        description=(
+            "Start vLLM once per grid point, read its KV-cache capacity, replay the corpus to find the highest"
+            " concurrency that meets the SLOs, and recommend the configuration with the most safe concurrency per GPU."
+            " Settings come from the TOML file, then PLANNER_* variables (PLANNER_SERVER__MODEL, PLANNER_SLO__HEADROOM,"
+            " ...), then these flags."
+        ),
+    )
+    p.add_argument("--config", type=Path, required=True, help="sweep settings (TOML); see examples/")
+    p.add_argument("--output", type=Path, default=Path("results/sweep"), help="results folder (default results/sweep)")
+    p.add_argument("--resume", action="store_true", help="reuse finished points whose fingerprint is unchanged")
+    p.add_argument("--dry-run", action="store_true", help="print the expanded grid and each command; start nothing")
+    p.add_argument("--prompts", default=None, help="corpus JSONL (overrides `prompts` in the file)")
+    p.add_argument("--model", default=None, help="model (overrides [server] model)")
+    p.add_argument("--headroom", type=float, default=None, help="fraction of max passing concurrency kept free (overrides [slo] headroom)")
+    p.add_argument("--no-prune", action="store_true", help="launch points the estimate predicts cannot fit")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve the planner's Prometheus metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server (default 127.0.0.1)")
+    p.set_defaults(run=run)
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict:
+    out: dict = {}
+    if args.prompts is not None:
+        out["prompts"] = args.prompts
+    if args.model is not None:
+        out["server"] = {"model": args.model}
+    if args.headroom is not None:
+        out["slo"] = {"headroom": args.headroom}
+    if args.no_prune:
+        out["estimate"] = {"prune": False}
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config, overrides_from_args(args))
+    console = Console()
+    points = expand(settings)
+    if args.dry_run:
+        console.print(f"{len(points)} points; server command: {shlex.join(settings.server.command)}")
+        for point in points:
+            env = " ".join(f"{k}={v}" for k, v in point.env.items())
+            cmd = [*settings.server.command, "--model", settings.server.model, "--host", settings.server.host,
+                   "--port", "<free port>", *settings.server.args, *point.flags]
+            console.print(f"{point.id}: {(env + ' ') if env else ''}{shlex.join(cmd)}", soft_wrap=True, highlight=False)
+        return 0
+    corpus = load_corpus(settings.prompts)
+    exporter = None
+    if args.metrics_port is not None:
+        from planner.exporter import PlannerMetrics
+
+        exporter = PlannerMetrics()
+        exporter.start(host=args.metrics_host, port=args.metrics_port)
+    try:
+        with StepProgress(settings.replay.min_requests) as progress:
+            progress_obs = _PointPrefix(progress)
+            results = asyncio.run(
+                run_sweep(
+                    settings,
+                    corpus,
+                    output_dir=args.output,
+                    resume=args.resume,
+                    observers=[o for o in (progress_obs, exporter) if o is not None],
+                )
+            )
+    finally:
+        if exporter is not None:
+            exporter.stop()
+    console.print(sweep_table(results))
+    for line in sweep_summary(results):
+        console.print(line, soft_wrap=True, highlight=False)
+    console.print(f"results: {args.output / RESULTS_FILE}")
+    return 0
+
+
+class _PointPrefix:
+    """Puts the point id in front of each progress line."""
+
+    def __init__(self, progress: StepProgress) -> None:
+        self._progress = progress
+
+    def point_started(self, point_id: str, config: dict, model: str) -> None:
+        self._progress.set_prefix(f"{point_id}  ")
+
+    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
+        self._progress.set_prefix("")
+
+    def step_started(self, load) -> None:
+        self._progress.step_started(load)
+
+    def request_sent(self) -> None:
+        self._progress.request_sent()
+
+    def request_finished(self, record, *, measured: bool) -> None:
+        self._progress.request_finished(record, measured=measured)
+
+    def step_finished(self, step) -> None:
+        self._progress.step_finished(step)

@@ -1,0 +1,253 @@
+"""Sweep settings: the TOML file, then PLANNER_* environment variables, then CLI flags.
+
+Every table forbids unknown keys, so a misspelled key is an error that names the key, where it
+is in the file, and the keys that are valid there.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from planner.errors import ConfigError
+from replay import slo as slo_mod
+from replay.errors import SloSpecError
+from replay.settings import ReplaySettings
+
+# The file being read: pydantic-settings builds its sources from the class, so the path of this
+# one load travels beside it rather than on the class.
+_toml_path: ContextVar[Path | None] = ContextVar("_toml_path", default=None)
+
+ENV_PREFIX = "PLANNER_"
+
+
+def _relative_to_config(value: str) -> str:
+    path = _toml_path.get()
+    if path is not None and value.startswith(("./", "../")):
+        return str((Path(path).resolve().parent / value).resolve())
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSection(_Strict):
+    # The server program. The module form and a container command work the same way: the planner
+    # appends --model, --host, --port and the point's flags.
+    command: list[str] = Field(default_factory=lambda: ["vllm", "serve"], min_length=1)
+    model: str
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    # 0: a free port is found for every point.
+    port: int = Field(default=0, ge=0, le=65535)
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    stop_grace_s: float = Field(default=20.0, gt=0)
+    # Passed to vLLM (as VLLM_API_KEY) and to the client; never written to results or logs.
+    api_key: str | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _relative_to_file(cls, model: str) -> str:
+        return _relative_to_config(model)
+
+    @field_validator("args")
+    @classmethod
+    def _no_reserved_flags(cls, args: list[str]) -> list[str]:
+        for flag in ("--model", "--host", "--port"):
+            if any(a == flag or a.startswith(flag + "=") for a in args):
+                raise ValueError(f"{flag} is set by the planner; remove it from [server] args")
+        return args
+
+
+AxisValue = int | float | str | bool
+
+
+class GridSection(_Strict):
+    max_model_len: list[int] = Field(default_factory=list)
+    gpu_memory_utilization: list[float] = Field(default_factory=list)
+    tensor_parallel_size: list[int] = Field(default_factory=list)
+    # Any other vLLM flag, in underscore or dash form: max_num_seqs, kv_cache_dtype, kv_cache_memory_bytes, ...
+    extra: dict[str, list[AxisValue]] = Field(default_factory=dict)
+    # Environment variables as axes.
+    env: dict[str, list[str]] = Field(default_factory=dict)
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _fraction(cls, values: list[float]) -> list[float]:
+        for v in values:
+            if not 0 < v <= 1:
+                raise ValueError(f"gpu_memory_utilization {v} is not a fraction in (0, 1]")
+        return values
+
+    @field_validator("max_model_len", "tensor_parallel_size")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        for v in values:
+            if v < 1:
+                raise ValueError(f"{v} must be >= 1")
+        return values
+
+    @model_validator(mode="after")
+    def _no_empty_axes(self) -> GridSection:
+        for name, values in {**self.extra, **self.env}.items():
+            if not values:
+                raise ValueError(f"axis {name!r} has no values")
+        return self
+
+
+class SloSection(_Strict):
+    model_config = ConfigDict(extra="allow")
+    # Keep this fraction of the highest passing concurrency free: safe = floor(max_passing * (1 - headroom)).
+    headroom: float = Field(default=0.1, ge=0, lt=1)
+
+    def rules(self) -> dict[str, float]:
+        return dict(self.model_extra or {})
+
+    @model_validator(mode="after")
+    def _known_slos(self) -> SloSection:
+        try:
+            validated = slo_mod.validate(self.model_extra or {})
+        except SloSpecError as exc:
+            raise ValueError(str(exc)) from None
+        self.__pydantic_extra__ = validated
+        return self
+
+
+class GpusSection(_Strict):
+    # "auto" (nvidia-smi), a list of GPU indices, or "none" to run on the CPU one point at a time.
+    devices: Literal["auto", "none"] | list[str] = "auto"
+
+
+class EstimateSection(_Strict):
+    # Skip points the pre-flight estimate says cannot fit by a clear margin.
+    prune: bool = True
+    # GPU memory for the estimate when nvidia-smi cannot tell: a catalogue name or GiB.
+    gpu: str | None = None
+    gpu_memory_gib: float | None = Field(default=None, gt=0)
+
+
+class SweepSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    server: ServerSection
+    grid: GridSection = Field(default_factory=GridSection)
+    replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    slo: SloSection = Field(default_factory=lambda: SloSection(**slo_mod.DEFAULT_SLO))
+    gpus: GpusSection = Field(default_factory=GpusSection)
+    estimate: EstimateSection = Field(default_factory=EstimateSection)
+    # Paths starting with ./ or ../ are relative to the config file, others to the working directory.
+    prompts: str = "prompts/prod.jsonl"
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts_relative_to_file(cls, prompts: str) -> str:
+        return _relative_to_config(prompts)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # First wins: CLI flags (init), then PLANNER_* variables, then the TOML file.
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _toml_path.get()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+def _valid_keys(loc: tuple) -> list[str]:
+    model: Any = SweepSettings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return []
+        model = field.annotation
+    return sorted(model.model_fields)
+
+
+def _line_of(text: str, loc: tuple) -> int | None:
+    """The line of `key` inside its [table] in the TOML text (None when not found there)."""
+    if not loc:
+        return None
+    *tables, key = [str(p) for p in loc]
+    current: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        header = re.match(r"^\[+\s*([^\]]+?)\s*\]+", stripped)
+        if header:
+            current = [p.strip().strip('"') for p in header.group(1).split(".")]
+            if current == [*tables, key]:
+                return number
+            continue
+        m = re.match(r"^([A-Za-z0-9_\-\"']+)\s*=", stripped)
+        if m and m.group(1).strip("\"'") == key and current == tables:
+            return number
+    return None
+
+
+def _explain(exc: ValidationError, path: Path | None, text: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        dotted = ".".join(str(p) for p in loc)
+        line = _line_of(text, loc) if path is not None else None
+        where = f"{path}:{line}: " if line else (f"{path}: " if path is not None else "")
+        if err["type"] == "extra_forbidden":
+            valid = _valid_keys(loc)
+            table = ".".join(str(p) for p in loc[:-1]) or "(top level)"
+            msg = f"unknown key {dotted!r} in [{table}]" + (f"; valid keys: {', '.join(valid)}" if valid else "")
+        elif err["type"] == "missing":
+            msg = f"{dotted} is required"
+        else:
+            got = err.get("input")
+            shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+            msg = f"{dotted}: {err['msg'].removeprefix('Value error, ')}{shown}"
+        lines.append(where + msg)
+    return "invalid sweep settings:\n  " + "\n  ".join(lines)
+
+
+def load_settings(path: Path | None, overrides: dict[str, Any] | None = None) -> SweepSettings:
+    """Read the file, apply PLANNER_* variables and `overrides` (CLI flags), validate strictly."""
+    text = ""
+    if path is not None:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+            tomllib.loads(text)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    token = _toml_path.set(path)
+    try:
+        settings = SweepSettings(**(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, path, text)) from None
+    finally:
+        _toml_path.reset(token)
+    return settings
+
+
+def public_settings(settings: SweepSettings) -> dict[str, Any]:
+    """The settings as saved in sweep.json: secrets removed."""
+    data = settings.model_dump(mode="json")
+    if data["server"].get("api_key") is not None:
+        data["server"]["api_key"] = "***"
+    secret = re.compile(r"(?i)(key|token|secret|password)")
+    data["server"]["env"] = {k: ("***" if secret.search(k) else v) for k, v in data["server"]["env"].items()}
+    return data

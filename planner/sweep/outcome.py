@@ -1,0 +1,77 @@
+"""What a point's steps add up to, and which point wins. Pure functions of results."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from planner.sweep.results import Best, PointResult
+from replay.results import StepResult
+
+UPPER_BOUND_CONSTRAINT = "kv_capacity_bound"
+
+
+def safe_concurrency(max_passing: int | None, headroom: float) -> int | None:
+    if max_passing is None:
+        return None
+    return math.floor(max_passing * (1 - headroom))
+
+
+def output_tokens_per_s_at(steps: list[StepResult], concurrency: int) -> float | None:
+    """Output tokens/s at a concurrency: the measured step when there is one, else linear
+    interpolation between the passing closed-loop steps around it (and zero at zero)."""
+    points = sorted(
+        (int(s.load.value), s.output_tokens_per_s) for s in steps if s.load.mode == "concurrency" and s.slo_pass
+    )
+    if not points or concurrency < 1:
+        return None
+    for c, tps in points:
+        if c == concurrency:
+            return tps
+    xs = [0] + [c for c, _ in points]
+    ys = [0.0] + [t for _, t in points]
+    return float(np.interp(concurrency, xs, ys))
+
+
+def choose_best(points: list[PointResult]) -> Best | None:
+    """Highest safe concurrency per GPU; ties broken by output tokens/s per GPU."""
+    candidates = [p for p in points if p.status == "ok" and p.safe_concurrency_per_gpu]
+    if not candidates:
+        return None
+
+    def key(p: PointResult) -> tuple[float, float]:
+        return (p.safe_concurrency_per_gpu or 0.0, p.output_tokens_per_s_per_gpu or 0.0)
+
+    best = max(candidates, key=key)
+    others: dict[str, str] = {}
+    for p in points:
+        if p is best:
+            continue
+        if p.status != "ok":
+            kind = p.failure.kind if p.failure else p.status
+            detail = f" ({p.failure.message})" if p.failure and p.failure.message else ""
+            others[p.id] = f"{p.status}: {kind}{detail}"[:300]
+        elif not p.safe_concurrency_per_gpu:
+            others[p.id] = f"no safe concurrency (bound by {p.binding_constraint or 'the SLOs'} already at the lowest load)"
+        elif key(p)[0] < key(best)[0]:
+            others[p.id] = (
+                f"lower safe concurrency per GPU: {p.safe_concurrency_per_gpu:g} vs {best.safe_concurrency_per_gpu:g}"
+                f" (bound by {p.binding_constraint or '-'})"
+            )
+        else:
+            others[p.id] = (
+                f"same safe concurrency per GPU, lower output tokens/s per GPU: "
+                f"{p.output_tokens_per_s_per_gpu or 0:.0f} vs {best.output_tokens_per_s_per_gpu or 0:.0f}"
+            )
+    return Best(
+        point_id=best.id,
+        safe_concurrency_per_gpu=best.safe_concurrency_per_gpu or 0.0,
+        output_tokens_per_s_per_gpu=best.output_tokens_per_s_per_gpu,
+        reason=(
+            f"highest safe concurrency per GPU ({best.safe_concurrency_per_gpu:g}"
+            f" = {best.safe_concurrency} safe / {best.gpus} GPU{'s' if best.gpus != 1 else ''}),"
+            f" bound by {best.binding_constraint or '-'}"
+        ),
+        others=others,
+    )

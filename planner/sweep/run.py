@@ -1,0 +1,390 @@
+"""The sweep: for every grid point start vLLM, read its capacity, search the highest concurrency
+that passes the SLOs, and keep what was measured in sweep.json as it goes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from planner import gpus as gpu_mod
+from planner.errors import ConfigError
+from planner.launcher import ServerStartFailed, VllmServer
+from planner.sweep.bound import concurrency_upper_bound, mean_blocks
+from planner.sweep.config import SweepSettings, public_settings
+from planner.sweep.grid import Point, expand, fingerprint
+from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, choose_best, output_tokens_per_s_at, safe_concurrency
+from planner.sweep.results import Failure, PointResult, SweepResults
+from planner.sweep.version import probe_version
+from replay.client import StreamingClient
+from replay.corpus import Corpus
+from replay.errors import ReplayError, StepAborted
+from replay.observer import Observers
+from replay.results import StepResult, write_json_atomic
+from replay.session import Replay, binding_constraint
+
+RESULTS_FILE = "sweep.json"
+# Start-up failures that say the configuration cannot run, as opposed to a broken launch.
+INFEASIBLE_KINDS = {
+    "kv_too_small",
+    "no_kv_memory",
+    "gpu_oom",
+    "world_size_too_large",
+    "heads_not_divisible",
+    "max_model_len_too_long",
+}
+FINISHED = {"ok", "infeasible", "predicted_infeasible"}
+# vLLM completions' default max_tokens, used to size requests that ask for none.
+VLLM_DEFAULT_MAX_TOKENS = 16
+_TOKENIZE_CONCURRENCY = 16
+
+
+@dataclass
+class SweepContext:
+    settings: SweepSettings
+    corpus: Corpus
+    output_dir: Path
+    results: SweepResults
+    vllm_version: str | None
+    observers: list = field(default_factory=list)
+    gpu_inventory: list[gpu_mod.Gpu] = field(default_factory=list)
+    # Token counts depend only on the model's tokenizer: measured once, shared by every point.
+    prompt_tokens: list[int] | None = None
+
+    def save(self) -> None:
+        write_json_atomic(self.output_dir / RESULTS_FILE, self.results.model_dump(mode="json"))
+
+    def notify(self, method: str, *args) -> None:
+        """Point-level events, for the observers that listen to them."""
+        for o in self.observers:
+            fn = getattr(o, method, None)
+            if fn is not None:
+                fn(*args)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def previous_results(output_dir: Path) -> dict[str, PointResult]:
+    """Finished points of an earlier run in the same folder, by fingerprint."""
+    path = output_dir / RESULTS_FILE
+    if not path.exists():
+        return {}
+    try:
+        earlier = SweepResults.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ConfigError(f"{path}: cannot resume from it: {exc}") from None
+    return {p.fingerprint: p for p in earlier.points if p.status in FINISHED}
+
+
+async def _corpus_prompt_tokens(client: StreamingClient, corpus: Corpus) -> list[int]:
+    slots = asyncio.Semaphore(_TOKENIZE_CONCURRENCY)
+
+    async def count(req) -> int:
+        async with slots:
+            return await client.tokenize(req)
+
+    return list(await asyncio.gather(*(count(r) for r in corpus.requests)))
+
+
+def _output_tokens(req, settings: SweepSettings, prompt_tokens: int, max_model_len: int | None) -> int:
+    if req.max_tokens is not None:
+        return req.max_tokens
+    if settings.replay.max_tokens is not None:
+        return settings.replay.max_tokens
+    if settings.replay.api == "chat" and max_model_len is not None:
+        # Chat without max_tokens may generate up to the rest of the context.
+        return max(0, max_model_len - prompt_tokens)
+    return VLLM_DEFAULT_MAX_TOKENS
+
+
+class PointRunner:
+    def __init__(self, ctx: SweepContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...]) -> None:
+        self.ctx = ctx
+        self.point = point
+        self.result = result
+        self.gpu_ids = gpu_ids
+
+    def _on_step(self, step: StepResult) -> None:
+        self.result.steps.append(step)
+        self.ctx.save()
+
+    def _server(self) -> VllmServer:
+        s = self.ctx.settings.server
+        return VllmServer(
+            s.command,
+            model=s.model,
+            log_path=self.ctx.output_dir / "points" / self.point.id / "server.log",
+            host=s.host,
+            port=s.port or None,
+            args=[*s.args, *self.point.flags],
+            env={**s.env, **self.point.env},
+            api_key=s.api_key,
+            startup_timeout_s=s.startup_timeout_s,
+            stop_grace_s=s.stop_grace_s,
+            cuda_visible_devices=gpu_mod.cuda_visible_devices(self.gpu_ids) if self.gpu_ids else None,
+        )
+
+    async def run(self) -> None:
+        r = self.result
+        server = self._server()
+        r.command = server.command_for_record
+        r.log_path = str(Path("points") / self.point.id / "server.log")
+        start = time.perf_counter()
+        r.status = "running"
+        self.ctx.save()
+        try:
+            async with server:
+                r.capacity = server.capacity
+                r.vllm_version = server.vllm_version
+                r.command = server.command_for_record
+                await self._measure(server)
+        except ServerStartFailed as exc:
+            r.status = "infeasible" if exc.failure.kind in INFEASIBLE_KINDS else "failed"
+            r.failure = exc.failure
+            r.command = server.command_for_record
+        except ReplayError as exc:
+            # The server started but cannot be replayed against (it rejects the key, serves
+            # another model, ...): this point failed; the sweep goes on.
+            r.status = "failed"
+            r.failure = Failure(kind="replay_error", message=str(exc), log_tail=server.read_log().splitlines()[-20:])
+        except asyncio.CancelledError:
+            r.status = "failed"
+            r.failure = Failure(kind="interrupted", message="the sweep was interrupted during this point")
+            raise
+        finally:
+            r.duration_s = round(time.perf_counter() - start, 1)
+            self.ctx.save()
+
+    async def _measure(self, server: VllmServer) -> None:
+        ctx, r, settings = self.ctx, self.result, self.ctx.settings
+        cap = r.capacity
+        async with StreamingClient(
+            server.url,
+            model=None,
+            api=settings.replay.api,
+            api_key=settings.server.api_key,
+            max_connections=1024,
+            request_timeout_s=settings.replay.request_timeout_s,
+            ignore_eos=settings.replay.ignore_eos,
+            default_max_tokens=settings.replay.max_tokens,
+            extra_body=settings.replay.extra_body,
+        ) as client:
+            await client.check()
+            if ctx.prompt_tokens is None:
+                ctx.prompt_tokens = await _corpus_prompt_tokens(client, ctx.corpus)
+            max_model_len = cap.max_model_len or self.point.config.get("max_model_len")
+            upper = None
+            if cap.kv_cache_tokens and cap.block_size:
+                lengths = [
+                    (p, _output_tokens(req, settings, p, max_model_len))
+                    for req, p in zip(ctx.corpus.requests, ctx.prompt_tokens)
+                ]
+                r.mean_blocks_per_request = round(
+                    mean_blocks(lengths, block_size=cap.block_size, max_model_len=max_model_len), 3
+                )
+                upper = concurrency_upper_bound(
+                    kv_cache_tokens=cap.kv_cache_tokens,
+                    block_size=cap.block_size,
+                    mean_blocks_per_request=r.mean_blocks_per_request,
+                    max_concurrency_reported=cap.max_concurrency_reported,
+                )
+            elif settings.replay.max_concurrency is None:
+                raise ConfigError(
+                    f"point {self.point.id}: the server reported no KV-cache capacity, so the search has no"
+                    " upper bound; set [replay] max_concurrency"
+                )
+            if settings.replay.max_concurrency is not None:
+                upper = min(upper, settings.replay.max_concurrency) if upper else settings.replay.max_concurrency
+            r.concurrency_upper_bound = upper
+            ctx.save()
+
+            monitor: Callable[[], gpu_mod.GpuMemorySampler] | None = (
+                (lambda: gpu_mod.GpuMemorySampler(list(self.gpu_ids))) if self.gpu_ids else None
+            )
+            replay = Replay(
+                client,
+                ctx.corpus,
+                settings.replay,
+                settings.slo.rules(),
+                observer=Observers(*ctx.observers),
+                on_step=self._on_step,
+                step_monitor=monitor,
+            )
+            search = asyncio.create_task(
+                replay.search(start=min(settings.replay.start_concurrency, upper), upper=upper)
+            )
+            died = asyncio.create_task(server.wait_exit())
+            server_died = False
+            try:
+                await asyncio.wait({search, died}, return_when=asyncio.FIRST_COMPLETED)
+                server_died = died.done()
+                if server_died:
+                    # Let the step in flight wind down on its own; its requests fail fast now.
+                    replay.abort.set()
+                    with contextlib.suppress(StepAborted):
+                        await search
+            finally:
+                for task in (search, died):
+                    if not task.done():
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
+            if server_died or not server.alive():
+                self._server_died(server)
+                return
+            lo, hi = search.result()
+        self._conclude(lo, hi, upper)
+
+    def _server_died(self, server: VllmServer) -> None:
+        lines = server.read_log().splitlines()
+        self.result.status = "failed"
+        self.result.failure = Failure(
+            kind="server_died",
+            message=f"the server exited with code {server.exit_code} during the replay",
+            exit_code=server.exit_code,
+            log_tail=lines[-20:],
+        )
+        lo_hi = [s for s in self.result.steps if s.slo_pass and s.load.mode == "concurrency"]
+        if lo_hi:
+            self.result.max_passing_concurrency = max(int(s.load.value) for s in lo_hi)
+
+    def _conclude(self, lo: int | None, hi: int | None, upper: int | None) -> None:
+        r, settings = self.result, self.ctx.settings
+        r.status = "ok"
+        r.max_passing_concurrency = lo
+        r.min_failing_concurrency = hi
+        r.binding_constraint = binding_constraint(
+            r.steps, hi, UPPER_BOUND_CONSTRAINT if hi is None and lo is not None and lo == upper else None
+        )
+        r.safe_concurrency = safe_concurrency(lo, settings.slo.headroom)
+        gpus = self.point.gpus
+        r.gpus = gpus
+        if r.safe_concurrency is not None:
+            r.safe_concurrency_per_gpu = round(r.safe_concurrency / gpus, 3)
+            tps = output_tokens_per_s_at(r.steps, r.safe_concurrency)
+            r.output_tokens_per_s_per_gpu = None if tps is None else round(tps / gpus, 2)
+        peaks: dict[str, float] = {}
+        for step in r.steps:
+            for gpu, mib in (step.gpu_memory_peak_mib or {}).items():
+                peaks[gpu] = max(peaks.get(gpu, 0.0), mib)
+        if peaks:
+            r.gpu_memory_peak_mib = peaks
+            totals = {g.index: g.memory_total_mib for g in self.ctx.gpu_inventory}
+            r.gpu_memory_headroom_mib = {g: totals[g] - v for g, v in peaks.items() if g in totals}
+
+
+def _new_result(ctx: SweepContext, point: Point, fp: str) -> PointResult:
+    return PointResult(
+        id=point.id,
+        config=point.config,
+        command=[],
+        status="pending",
+        fingerprint=fp,
+        gpus=point.gpus,
+    )
+
+
+def _too_many_gpus(point: Point, available: int) -> Failure:
+    return Failure(
+        kind="world_size_too_large",
+        message=f"the point needs {point.gpus} GPUs (tensor x pipeline parallel) but {available} are available",
+    )
+
+
+async def _run_point(ctx: SweepContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...]) -> None:
+    ctx.notify("point_started", point.id, point.config, ctx.settings.server.model)
+    result.started_at = _now()
+    result.gpu_ids = list(gpu_ids)
+    try:
+        await PointRunner(ctx, point, result, gpu_ids).run()
+    finally:
+        ctx.notify("point_finished", point.id, result.safe_concurrency_per_gpu)
+
+
+async def run_sweep(
+    settings: SweepSettings,
+    corpus: Corpus,
+    *,
+    output_dir: Path,
+    resume: bool = False,
+    observers: list | None = None,
+    predict: Callable[[Point, list], dict | None] | None = None,
+) -> SweepResults:
+    """Run every point of the grid (or reuse it with --resume) and choose the best."""
+    output_dir = Path(output_dir)
+    points = expand(settings)
+    version = await asyncio.to_thread(probe_version, settings.server.command, settings.server.env)
+    inventory = gpu_mod.discover(settings.gpus.devices)
+    earlier = previous_results(output_dir) if resume else {}
+    saved = public_settings(settings)
+    saved["corpus"] = {"path": str(corpus.path), "sha256": corpus.sha256, "requests": len(corpus)}
+    saved["vllm_version"] = version
+    saved["gpus_found"] = [g.index for g in inventory]
+    ctx = SweepContext(
+        settings=settings,
+        corpus=corpus,
+        output_dir=output_dir,
+        results=SweepResults(started_at=_now(), settings=saved),
+        vllm_version=version,
+        observers=list(observers or []),
+        gpu_inventory=inventory,
+    )
+    todo: list[tuple[Point, PointResult]] = []
+    for point in points:
+        fp = fingerprint(settings, point, corpus_sha256=corpus.sha256, vllm_version=version)
+        if fp in earlier:
+            reused = earlier[fp].model_copy(update={"id": point.id, "config": point.config})
+            ctx.results.points.append(reused)
+            continue
+        result = _new_result(ctx, point, fp)
+        ctx.results.points.append(result)
+        if inventory and point.gpus > len(inventory):
+            result.status, result.failure = "infeasible", _too_many_gpus(point, len(inventory))
+            continue
+        if predict is not None:
+            prediction = predict(point, inventory)
+            if prediction is not None:
+                result.prediction = prediction
+                result.kv_cache_tokens_predicted = prediction.get("kv_cache_tokens")
+                if prediction.get("skip"):
+                    result.status = "predicted_infeasible"
+                    result.failure = Failure(kind="predicted_infeasible", message=prediction.get("reason", ""))
+                    continue
+        todo.append((point, result))
+    ctx.save()
+
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        # SIGTERM stops a sweep as Ctrl-C does: servers stopped, finished points kept.
+        loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    try:
+        waves = gpu_mod.plan_placement([p.gpus for p, _ in todo], [g.index for g in inventory])
+        for wave in waves:
+            await asyncio.gather(
+                *(_run_point(ctx, todo[pl.point][0], todo[pl.point][1], pl.gpu_ids) for pl in wave)
+            )
+            for _, result in (todo[pl.point] for pl in wave):
+                _record_prediction_error(result)
+    except asyncio.CancelledError:
+        ctx.results.interrupted = True
+        raise
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
+        ctx.results.best = choose_best(ctx.results.points)
+        ctx.save()
+    return ctx.results
+
+
+def _record_prediction_error(result: PointResult) -> None:
+    predicted, reported = result.kv_cache_tokens_predicted, result.capacity.kv_cache_tokens
+    if predicted is not None and reported:
+        result.kv_cache_tokens_relative_error = round((predicted - reported) / reported, 4)

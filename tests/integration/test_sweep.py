@@ -1,0 +1,173 @@
+"""Whole sweeps against the fake vLLM program, whose latency grows with concurrency so the search
+has a known answer (see tests/fakes/fake_vllm.py): ITL = itl_s x (1 + growth x running)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import uuid
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+from planner.sweep.results import SweepResults
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_VLLM = ROOT / "tests" / "fakes" / "fake_vllm.py"
+
+
+def write_corpus(path: Path, n: int = 60) -> Path:
+    # ~25 fake tokens of prompt + 10 of output: one 128-token block per request.
+    lines = [json.dumps({"id": f"q{i}", "prompt": f"question {i}: " + "how many GPUs " * 6, "max_tokens": 10}) for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_config(tmp_path: Path, *, kv_bytes: list[str], extra_env: dict | None = None, grid_env: str = "") -> Path:
+    """A sweep of the fake vLLM; its model name is unique, so the processes of this sweep can be told apart."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    env = {"FAKE_VLLM_ITL_S": "0.01", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005", **(extra_env or {})}
+    env_toml = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(
+        f"""
+prompts = "{corpus}"
+
+[server]
+command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
+model = "{tmp_path.name}-{uuid.uuid4().hex[:8]}"
+args = ["--enforce-eager"]
+env = {{ {env_toml} }}
+startup_timeout_s = 30
+stop_grace_s = 5
+
+[grid]
+max_model_len = [2048]
+[grid.extra]
+kv_cache_memory_bytes = {json.dumps(kv_bytes)}
+{grid_env}
+
+[replay]
+start_concurrency = 4
+min_requests = 30
+max_window_s = 60
+request_timeout_s = 30
+
+[slo]
+# ITL at concurrency C is about 10 ms x (1 + 0.5 C): 30 ms at 4, 35 at 5, 40 at 6.
+itl_p50_ms = 37.5
+error_rate = 0
+max_preemptions = 0
+headroom = 0.2
+
+[gpus]
+devices = "none"
+"""
+    )
+    return cfg
+
+
+def fake_vllm_processes(cfg: Path) -> list[str]:
+    """fake vLLM processes of this config's sweep (other tests may run their own beside them)."""
+    model = tomllib.loads(cfg.read_text())["server"]["model"]
+    out = subprocess.run(["pgrep", "-af", "fake_vllm.py"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if model in line and "pgrep" not in line]
+
+
+@pytest.mark.timeout(300)
+def test_sweep_finds_the_known_answer_and_classifies_the_infeasible_point(tmp_path, capsys):
+    cfg = write_config(tmp_path, kv_bytes=["64K", "4M"])
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    results = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    small, big = results.points
+
+    assert small.status == "infeasible"
+    assert small.failure.kind == "kv_too_small"
+    # 64 KiB / 256 B per token = 256 tokens = 2 blocks of 128; minus the null block: 1 block.
+    assert small.failure.estimated_max_model_len == 128
+
+    assert big.status == "ok"
+    # 4 MiB / 256 B = 16384 tokens = 128 blocks; vLLM reports (128 - 1) blocks... as the fake does.
+    assert big.capacity.kv_cache_tokens and big.capacity.block_size == 128
+    assert big.mean_blocks_per_request == 1.0
+    assert big.concurrency_upper_bound >= 100
+    assert big.max_passing_concurrency == 5
+    assert big.min_failing_concurrency == 6
+    assert big.binding_constraint == "itl_p50_ms"
+    assert big.safe_concurrency == 4  # floor(5 x 0.8)
+    assert big.safe_concurrency_per_gpu == 4
+    assert big.output_tokens_per_s_per_gpu > 0
+    assert [int(s.load.value) for s in big.steps] == [4, 8, 6, 5]
+    assert all(s.server.metrics_available for s in big.steps)
+    assert (out / "points" / big.id / "server.log").exists()
+
+    assert results.best.point_id == big.id
+    assert "kv_too_small" in results.best.others[small.id]
+    printed = capsys.readouterr().out
+    assert "recommended: " + big.id in printed
+    assert fake_vllm_processes(cfg) == []
+
+
+@pytest.mark.timeout(300)
+def test_server_killed_mid_step_fails_the_point_and_the_sweep_goes_on(tmp_path):
+    cfg = write_config(
+        tmp_path,
+        kv_bytes=["4M"],
+        grid_env='[grid.env]\nFAKE_VLLM_DIE_AFTER_S = ["2", "100000"]',
+    )
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    results = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    died, survived = results.points
+    assert died.config["env"] == {"FAKE_VLLM_DIE_AFTER_S": "2"}
+    assert died.status == "failed" and died.failure.kind == "server_died"
+    assert died.failure.log_tail
+    assert survived.status == "ok" and survived.max_passing_concurrency == 5
+    assert results.best.point_id == survived.id
+    assert fake_vllm_processes(cfg) == []
+
+
+@pytest.mark.timeout(300)
+def test_interrupted_sweep_keeps_finished_points_and_resume_reruns_only_the_rest(tmp_path):
+    cfg = write_config(tmp_path, kv_bytes=["64K", "4M", "8M"])
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner", "sweep", "--config", str(cfg), "--output", str(out)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    # Wait until the second point has measured a step, then Ctrl-C the planner.
+    while time.monotonic() < deadline:
+        try:
+            data = json.loads((out / "sweep.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            data = None
+        if data and len(data["points"]) == 3 and data["points"][1]["steps"]:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert fake_vllm_processes(cfg) == []
+    interrupted = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    assert interrupted.interrupted
+    assert interrupted.points[0].status == "infeasible"
+    assert interrupted.points[1].status == "failed" and interrupted.points[1].failure.kind == "interrupted"
+    assert interrupted.points[1].steps, "what was measured before the interrupt is kept"
+    assert interrupted.points[2].status == "pending"
+
+    assert main(["sweep", "--config", str(cfg), "--output", str(out), "--resume"]) == 0
+    resumed = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    assert resumed.points[0].model_dump() == interrupted.points[0].model_dump()  # reused, not rerun
+    assert [p.status for p in resumed.points] == ["infeasible", "ok", "ok"]
+
+    # A changed SLO changes every fingerprint: nothing is reused.
+    cfg.write_text(cfg.read_text().replace("itl_p50_ms = 37.5", "itl_p50_ms = 42.5"))
+    assert main(["sweep", "--config", str(cfg), "--output", str(out), "--resume", "--dry-run"]) == 0
