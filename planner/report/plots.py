@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colors import Colormap
-from matplotlib.figure import Figure
 from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import StepResult
@@ -31,8 +32,7 @@ def _file_stem(point_id: str) -> str:
 
 
 def _new_figure(width_in: float, height_in: float) -> Figure:
-    fig = Figure(figsize=(width_in, height_in), layout="constrained")
-    return fig
+    return Figure(figsize=(width_in, height_in), layout="constrained")
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -183,7 +183,7 @@ def _failure_note(p: PointView) -> str:
     return note
 
 
-def heatmap_plot(points: Sequence[PointView], path: Path) -> Path | None:
+def heatmap_plot(points: Sequence[PointView], path: Path, best_id: str | None = None) -> Path | None:
     """Safe concurrency per GPU over max-model-len x gpu-memory-utilization, one panel per TP size."""
     grid = [p for p in points if "max_model_len" in p.config and "gpu_memory_utilization" in p.config]
     if not grid:
@@ -211,6 +211,12 @@ def heatmap_plot(points: Sequence[PointView], path: Path) -> Path | None:
                 cells[r, c] = p.safe_per_gpu if np.isnan(cells[r, c]) else max(cells[r, c], p.safe_per_gpu)
             elif (r, c) not in notes:
                 notes[(r, c)] = _failure_note(p)
+        best = next((p for p in grid if p.id == best_id and int(p.config.get("tensor_parallel_size", 1)) == tp), None)
+        if best is not None:
+            r = utils.index(float(best.config["gpu_memory_utilization"]))
+            c = lens.index(int(best.config["max_model_len"]))
+            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor=FAIL_COLOR, linewidth=3, zorder=4))
+            ax.text(c, r + 0.42, "best", ha="center", va="top", fontsize=8, color=FAIL_COLOR, zorder=5)
         image = ax.imshow(np.ma.masked_invalid(cells), cmap=cmap, vmin=0, vmax=vmax, aspect="auto", origin="lower")
         for r in range(len(utils)):
             for c in range(len(lens)):
@@ -227,7 +233,7 @@ def heatmap_plot(points: Sequence[PointView], path: Path) -> Path | None:
     axes[0].set_ylabel("gpu-memory-utilization (fraction)", fontsize=10)
     if image is not None:
         fig.colorbar(image, ax=list(axes), label="Safe concurrency per GPU (requests)")
-    fig.suptitle("Safe concurrency per GPU (grey: no safe point)", fontsize=12)
+    fig.suptitle("Safe concurrency per GPU (grey: no safe point; red box: recommended)", fontsize=12)
     return _save(fig, path)
 
 
@@ -270,7 +276,7 @@ def write_plots(data: ReportData, out_dir: Path) -> list[Path]:
         if any(s.server.kv_cache_usage_peak is not None or s.server.preemptions is not None for p in measured for s in p.steps):
             paths.append(kv_plot(measured, data.slo, out_dir / "kv-cache.png", colors))
     if data.kind == "sweep":
-        for plot in (heatmap_plot(data.points, out_dir / "safe-concurrency-heatmap.png"),
+        for plot in (heatmap_plot(data.points, out_dir / "safe-concurrency-heatmap.png", data.best_id),
                      kv_tokens_plot(data.points, out_dir / "kv-tokens.png")):
             if plot is not None:
                 paths.append(plot)
