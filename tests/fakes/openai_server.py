@@ -117,6 +117,7 @@ class ServerStats:
     peak_kv_usage: float = 0.0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    connections: int = 0  # TCP connections accepted
     paths: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
@@ -294,6 +295,11 @@ class FakeServer:
         await self._server.wait_closed()
         self._server = None
 
+    def drop_connections(self) -> None:
+        """Close every open connection at once, as a server does with idle keep-alive ones."""
+        for writer in list(self._writers):
+            writer.transport.abort()
+
     # --- HTTP/1.1 ---------------------------------------------------------------------------
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -317,6 +323,7 @@ class FakeServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        self.stats.connections += 1
         try:
             while True:
                 try:
