@@ -35,6 +35,7 @@ def log(name: str) -> str:
 #          model_weights_gib, model_load_s, cuda_graph_gib)
 CAPACITY_CASES = {
     "real-0.32-cpu-ok.log": (8192, 2048, 4.0, 0.0, None, None, None),
+    "real-0.32-cpu-preempted.log": (4096, 2048, 2.0, 0.0, None, None, None),
     "cpu-0.32-ready.log": (8192, 1024, 8.0, 0.0, 0.0012, 0.052114, None),
     "cpu-0.32-auto-kv.log": (4_194_304, 4096, 1024.0, 1.0, 0.0012, 0.04812, None),
     "gpu-0.32-ready.log": (864_832, 4096, 211.14, 105.57, 14.99, 7.204311, 0.53),
@@ -140,6 +141,9 @@ def test_clean_line_removes_the_prefix(line: str, message: str) -> None:
 
 # name -> (kind, estimated_max_model_len, words the message must contain)
 FAILURE_CASES = {
+    "real-0.32-cpu-kv-too-small.log": ("kv_too_small", 896, "max seq len (2048)"),
+    "real-0.32-cpu-bad-flag.log": ("bad_flag", None, "api_server.py: error: unrecognized arguments: --swap-space"),
+    "real-0.32-cpu-max-model-len-too-long.log": ("max_model_len_too_long", None, "User-specified max_model_len (16384)"),
     "fail-kv-too-small.log": ("kv_too_small", 896, "max seq len (2048)"),
     "fail-kv-too-small-0.8.log": ("kv_too_small", 20544, "models's max seq len (32768)"),
     "fail-kv-too-small-no-estimate.log": ("kv_too_small", None, "max seq len (131072)"),
@@ -254,6 +258,12 @@ def test_log_and_real_metrics_agree() -> None:
     assert (merged.kv_cache_tokens, merged.num_gpu_blocks, merged.block_size) == (8192, 64, 128)
     assert merged.log_kv_cache_tokens is None and merged.metrics_kv_cache_tokens is None
     assert capacity.source == "log"  # the input is not changed
+
+
+def test_real_preempted_run_agrees_with_its_metrics() -> None:
+    capacity = parse_capacity(log("real-0.32-cpu-preempted.log"))
+    merged = merge_cache_config(capacity, cache_config_labels((METRICS / "real-0.32-cpu-preempted.txt").read_text(encoding="utf-8")))
+    assert (merged.kv_cache_tokens, merged.num_gpu_blocks, merged.source) == (4096, 32, "log+metrics")
 
 
 def test_metrics_only() -> None:
