@@ -10,6 +10,7 @@ from rich.console import Console
 
 from planner.cliargs import build, comma_list, env_default
 from planner.progress import StepProgress
+from planner.report import write_report
 from planner.tables import replay_summary, steps_table
 from replay import slo as slo_mod
 from replay.corpus import load_corpus
@@ -125,5 +126,6 @@ def run(args: argparse.Namespace) -> int:
     for line in replay_summary(results):
         console.print(line)
     if args.output is not None:
-        console.print(f"results: {args.output / RESULTS_FILE}")
+        written = write_report(args.output)
+        console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}")
     return 0

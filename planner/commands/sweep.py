@@ -12,6 +12,8 @@ from rich.console import Console
 from planner.progress import StepProgress
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand
+from planner.report import write_report
+from planner.sweep.predict import predictor
 from planner.sweep.run import RESULTS_FILE, run_sweep
 from planner.tables import sweep_summary, sweep_table
 from replay.corpus import load_corpus
@@ -36,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="model (overrides [server] model)")
     p.add_argument("--headroom", type=float, default=None, help="fraction of max passing concurrency kept free (overrides [slo] headroom)")
     p.add_argument("--no-prune", action="store_true", help="launch points the estimate predicts cannot fit")
+    p.add_argument("--target-rps", type=float, default=None, help="size a fleet for this many requests/s (report)")
+    p.add_argument("--target-concurrency", type=int, default=None, help="size a fleet for this many concurrent requests (report)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve the planner's Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server (default 127.0.0.1)")
     p.set_defaults(run=run)
@@ -83,15 +87,17 @@ def run(args: argparse.Namespace) -> int:
                     output_dir=args.output,
                     resume=args.resume,
                     observers=[o for o in (progress_obs, exporter) if o is not None],
+                    predict=predictor(settings),
                 )
             )
     finally:
         if exporter is not None:
             exporter.stop()
+    written = write_report(args.output, target_rps=args.target_rps, target_concurrency=args.target_concurrency)
     console.print(sweep_table(results))
     for line in sweep_summary(results):
         console.print(line, soft_wrap=True, highlight=False)
-    console.print(f"results: {args.output / RESULTS_FILE}")
+    console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}")
     return 0
 
 

@@ -20,6 +20,8 @@ from planner.sweep.config import SweepSettings, public_settings
 from planner.sweep.grid import Point, expand, fingerprint
 from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, choose_best, output_tokens_per_s_at, safe_concurrency
 from planner.sweep.results import Failure, PointResult, SweepResults
+from planner.estimate import kv_tokens_relative_error
+from planner.sweep.predict import should_skip
 from planner.sweep.version import probe_version
 from replay.client import StreamingClient
 from replay.corpus import Corpus
@@ -353,9 +355,15 @@ async def run_sweep(
             if prediction is not None:
                 result.prediction = prediction
                 result.kv_cache_tokens_predicted = prediction.get("kv_cache_tokens")
-                if prediction.get("skip"):
+                why = should_skip(prediction, prune=settings.estimate.prune)
+                if why is not None:
+                    verdict = prediction.get("verdict") or {}
                     result.status = "predicted_infeasible"
-                    result.failure = Failure(kind="predicted_infeasible", message=prediction.get("reason", ""))
+                    result.failure = Failure(
+                        kind="predicted_infeasible",
+                        message=why,
+                        estimated_max_model_len=verdict.get("largest_fitting_max_model_len"),
+                    )
                     continue
         todo.append((point, result))
     ctx.save()
@@ -385,6 +393,6 @@ async def run_sweep(
 
 
 def _record_prediction_error(result: PointResult) -> None:
-    predicted, reported = result.kv_cache_tokens_predicted, result.capacity.kv_cache_tokens
-    if predicted is not None and reported:
-        result.kv_cache_tokens_relative_error = round((predicted - reported) / reported, 4)
+    result.kv_cache_tokens_relative_error = kv_tokens_relative_error(
+        result.kv_cache_tokens_predicted, result.capacity.kv_cache_tokens
+    )

@@ -1,0 +1,72 @@
+"""A pre-flight prediction for every point (planner.estimate), so points that cannot fit by a
+clear margin are not launched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from planner.errors import ConfigError, EstimateError
+from planner.estimate import estimate_point
+from planner.gpus import Gpu
+from planner.sweep.config import SweepSettings
+from planner.sweep.grid import Point, config_key
+
+MIB = 1 << 20
+
+
+def fixed_flags(args: Sequence[str]) -> dict[str, Any]:
+    """`[server] args` as underscore-form flags: `--max-num-seqs 8` -> {"max_num_seqs": "8"},
+    a bare `--enforce-eager` -> {"enforce_eager": True}."""
+    flags: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+            if eq:
+                flags[config_key(name)] = value
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                flags[config_key(name)] = args[i + 1]
+                i += 1
+            else:
+                flags[config_key(name)] = True
+        i += 1
+    return flags
+
+
+def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], dict[str, Any] | None]:
+    base = fixed_flags(settings.server.args)
+
+    def predict(point: Point, inventory: list[Gpu]) -> dict[str, Any] | None:
+        if not (Path(settings.server.model) / "config.json").exists():
+            return {"error": f"{settings.server.model} is not a local model folder with a config.json; not predicted"}
+        flags = {**base, **{k: v for k, v in point.config.items() if k != "env"}}
+        gpu_bytes = None
+        if inventory:
+            gpu_bytes = min(g.memory_total_mib for g in inventory) * MIB
+        elif settings.estimate.gpu_memory_gib is not None:
+            gpu_bytes = int(settings.estimate.gpu_memory_gib * (1 << 30))
+        try:
+            return estimate_point(
+                settings.server.model,
+                flags,
+                device="gpu" if inventory or settings.estimate.gpu or gpu_bytes else "cpu",
+                gpu_memory_bytes=gpu_bytes,
+                gpu=None if gpu_bytes else settings.estimate.gpu,
+            )
+        except (EstimateError, ConfigError) as exc:
+            return {"error": str(exc)}
+
+    return predict
+
+
+def should_skip(prediction: dict[str, Any], *, prune: bool) -> str | None:
+    """Why the point is not launched, or None."""
+    verdict = prediction.get("verdict") or {}
+    if prune and verdict.get("status") == "does_not_fit" and verdict.get("clear_margin"):
+        largest = verdict.get("largest_fitting_max_model_len")
+        hint = f"; the largest max_model_len that fits is {largest}" if largest else ""
+        return f"{verdict.get('reason')}: {verdict.get('message')}{hint}"
+    return None
