@@ -1,0 +1,155 @@
+import pytest
+
+from planner.errors import ConfigError
+from planner.sweep.config import load_settings, public_settings
+from planner.sweep.grid import expand, fingerprint
+from planner.sweep.predict import fixed_flags, should_skip
+
+BASE = """
+prompts = "prompts/prod.jsonl"
+
+[server]
+command = ["python", "-m", "vllm.entrypoints.openai.api_server"]
+model = "./models/tiny"
+args = ["--enforce-eager"]
+api_key = "s3cret"
+
+[grid]
+max_model_len = [2048, 4096]
+gpu_memory_utilization = [0.9]
+[grid.extra]
+kv_cache_memory_bytes = ["1M", "4M"]
+enable_prefix_caching = [false]
+[grid.env]
+VLLM_CPU_OMP_THREADS_BIND = ["all"]
+
+[replay]
+min_requests = 50
+
+[slo]
+ttft_p99_ms = 800
+headroom = 0.2
+
+[gpus]
+devices = "none"
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    return path
+
+
+def test_load_expand_and_relative_model_path(tmp_path):
+    settings = load_settings(write(tmp_path, BASE))
+    assert settings.server.model == str((tmp_path / "models" / "tiny").resolve())
+    assert settings.replay.min_requests == 50
+    assert settings.slo.headroom == 0.2 and settings.slo.rules() == {"ttft_p99_ms": 800.0}
+    points = expand(settings)
+    assert [p.id for p in points] == [
+        "01-mml2048-kv_cache_memory_bytes1M",
+        "02-mml2048-kv_cache_memory_bytes4M",
+        "03-mml4096-kv_cache_memory_bytes1M",
+        "04-mml4096-kv_cache_memory_bytes4M",
+    ]
+    assert points[1].flags == [
+        "--max-model-len", "2048", "--gpu-memory-utilization", "0.9",
+        "--kv-cache-memory-bytes", "4M", "--no-enable-prefix-caching",
+    ]
+    assert points[0].env == {"VLLM_CPU_OMP_THREADS_BIND": "all"}
+    assert points[0].config["env"] == {"VLLM_CPU_OMP_THREADS_BIND": "all"}
+    assert points[0].gpus == 1
+
+
+def test_unknown_key_names_the_key_its_line_and_the_valid_ones(tmp_path):
+    path = write(tmp_path, BASE.replace("min_requests = 50", "min_requests = 50\nmin_request = 5"))
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    msg = str(err.value)
+    line = BASE.replace("min_requests = 50", "min_requests = 50\nmin_request = 5").splitlines().index("min_request = 5") + 1
+    assert f"{path}:{line}: unknown key 'replay.min_request' in [replay]; valid keys: " in msg
+    assert "min_requests" in msg and "warmup_requests" in msg
+
+
+def test_unknown_table(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'grids' in \[\(top level\)\]; valid keys: estimate, gpus, grid"):
+        load_settings(write(tmp_path, BASE + "\n[grids]\nx = 1\n"))
+
+
+def test_bad_values_and_slos_are_explained(tmp_path):
+    with pytest.raises(ConfigError, match=r"gpu_memory_utilization 1.5 is not a fraction"):
+        load_settings(write(tmp_path, BASE.replace("[0.9]", "[1.5]")))
+    with pytest.raises(ConfigError, match=r"unknown SLO 'ttft_p98_ms'"):
+        load_settings(write(tmp_path, BASE.replace("ttft_p99_ms = 800", "ttft_p98_ms = 800")))
+    with pytest.raises(ConfigError, match=r"--port is set by the planner"):
+        load_settings(write(tmp_path, BASE.replace('args = ["--enforce-eager"]', 'args = ["--port", "1"]')))
+    with pytest.raises(ConfigError, match=r"server.model is required"):
+        load_settings(write(tmp_path, BASE.replace('model = "./models/tiny"\n', "")))
+    with pytest.raises(ConfigError, match=r"not valid TOML"):
+        load_settings(write(tmp_path, "[server\n"))
+    with pytest.raises(ConfigError, match=r"no such file"):
+        load_settings(tmp_path / "missing.toml")
+
+
+def test_environment_then_flags_override_the_file(tmp_path, monkeypatch):
+    path = write(tmp_path, BASE)
+    monkeypatch.setenv("PLANNER_SLO__HEADROOM", "0.3")
+    monkeypatch.setenv("PLANNER_REPLAY__MIN_REQUESTS", "70")
+    settings = load_settings(path)
+    assert settings.slo.headroom == 0.3 and settings.replay.min_requests == 70
+    assert settings.slo.rules() == {"ttft_p99_ms": 800.0}
+    settings = load_settings(path, {"slo": {"headroom": 0.05}})
+    assert settings.slo.headroom == 0.05
+
+
+def test_secrets_never_reach_the_saved_settings(tmp_path):
+    text = BASE.replace("[grid]", '[server.env]\nHF_TOKEN = "hf_abc"\nOMP_NUM_THREADS = "2"\n\n[grid]')
+    saved = public_settings(load_settings(write(tmp_path, text)))
+    assert saved["server"]["api_key"] == "***"
+    assert saved["server"]["env"] == {"HF_TOKEN": "***", "OMP_NUM_THREADS": "2"}
+    assert "s3cret" not in repr(saved) and "hf_abc" not in repr(saved)
+
+
+def test_fingerprint_changes_with_what_the_result_depends_on(tmp_path):
+    settings = load_settings(write(tmp_path, BASE))
+    point = expand(settings)[0]
+    fp = fingerprint(settings, point, corpus_sha256="a" * 64, vllm_version="0.32.0")
+    assert fp == fingerprint(settings, point, corpus_sha256="a" * 64, vllm_version="0.32.0")
+    assert fp != fingerprint(settings, point, corpus_sha256="b" * 64, vllm_version="0.32.0")
+    assert fp != fingerprint(settings, point, corpus_sha256="a" * 64, vllm_version="0.33.0")
+    assert fp != fingerprint(settings, expand(settings)[1], corpus_sha256="a" * 64, vllm_version="0.32.0")
+    other = load_settings(write(tmp_path, BASE.replace("ttft_p99_ms = 800", "ttft_p99_ms = 900")))
+    assert fp != fingerprint(other, expand(other)[0], corpus_sha256="a" * 64, vllm_version="0.32.0")
+
+
+def test_tensor_parallel_points_need_that_many_gpus(tmp_path):
+    settings = load_settings(write(tmp_path, BASE.replace("[grid]", "[grid]\ntensor_parallel_size = [1, 4]")))
+    assert sorted({p.gpus for p in expand(settings)}) == [1, 4]
+
+
+def test_fixed_flags_and_skip_rule():
+    assert fixed_flags(["--enforce-eager", "--max-num-seqs", "8", "--dtype=bfloat16"]) == {
+        "enforce_eager": True, "max_num_seqs": "8", "dtype": "bfloat16",
+    }
+    verdict = {"status": "does_not_fit", "clear_margin": True, "reason": "kv_too_small", "message": "m",
+               "largest_fitting_max_model_len": 896}
+    assert should_skip({"verdict": verdict}, prune=True) == "kv_too_small: m; the largest max_model_len that fits is 896"
+    assert should_skip({"verdict": verdict}, prune=False) is None
+    assert should_skip({"verdict": {**verdict, "clear_margin": False}}, prune=True) is None
+
+
+def test_dry_run_prints_the_grid_and_every_command_without_secrets(tmp_path, capsys):
+    from planner.cli import main
+
+    assert main(["sweep", "--config", str(write(tmp_path, BASE)), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    model = str((tmp_path / "models" / "tiny").resolve())
+    assert out[0] == "4 points; server command: python -m vllm.entrypoints.openai.api_server"
+    assert out[1] == (
+        "01-mml2048-kv_cache_memory_bytes1M: VLLM_CPU_OMP_THREADS_BIND=all python -m vllm.entrypoints.openai.api_server"
+        f" --model {model} --host 127.0.0.1 --port '<free port>' --enforce-eager --max-model-len 2048"
+        " --gpu-memory-utilization 0.9 --kv-cache-memory-bytes 1M --no-enable-prefix-caching"
+    )
+    assert len(out) == 5
+    assert "s3cret" not in "\n".join(out)

@@ -1,0 +1,59 @@
+from planner.sweep.bound import concurrency_upper_bound, mean_blocks, request_blocks
+from planner.sweep.outcome import choose_best, output_tokens_per_s_at, safe_concurrency
+from planner.sweep.results import Failure, PointResult
+from replay.results import ClientSummary, LatencySummary, LoadSpec, ServerSummary, StepResult
+
+
+def step(c: int, passed: bool, tps: float) -> StepResult:
+    return StepResult(
+        load=LoadSpec(mode="concurrency", value=c), started_at="t", warmup_requests=c, window_s=1.0,
+        requests_ok=10, requests_failed=0, ttft_ms=LatencySummary(), itl_ms=LatencySummary(),
+        tpot_ms=LatencySummary(), e2e_ms=LatencySummary(), requests_per_s=1.0, input_tokens_per_s=1.0,
+        output_tokens_per_s=tps, tokens_source="usage", server=ServerSummary(), client=ClientSummary(),
+        slo_pass=passed,
+    )
+
+
+def test_blocks_round_up_and_clamp_to_max_model_len():
+    assert request_blocks(100, 28, block_size=128, max_model_len=None) == 1
+    assert request_blocks(100, 29, block_size=128, max_model_len=None) == 2
+    assert request_blocks(5000, 5000, block_size=16, max_model_len=4096) == 256
+    assert mean_blocks([(100, 28), (200, 100)], block_size=128, max_model_len=None) == 2.0
+
+
+def test_upper_bound_never_below_vllms_estimate():
+    # 8192 tokens = 64 blocks of 128; 2 blocks per request -> 32
+    assert concurrency_upper_bound(kv_cache_tokens=8192, block_size=128, mean_blocks_per_request=2.0,
+                                   max_concurrency_reported=4.0) == 32
+    assert concurrency_upper_bound(kv_cache_tokens=8192, block_size=128, mean_blocks_per_request=40.0,
+                                   max_concurrency_reported=4.0) == 4
+
+
+def test_safe_concurrency_and_interpolated_throughput():
+    assert safe_concurrency(10, 0.1) == 9
+    assert safe_concurrency(5, 0.2) == 4
+    assert safe_concurrency(1, 0.1) == 0
+    assert safe_concurrency(None, 0.1) is None
+    steps = [step(4, True, 400.0), step(8, True, 600.0), step(16, False, 900.0)]
+    assert output_tokens_per_s_at(steps, 8) == 600.0
+    assert output_tokens_per_s_at(steps, 6) == 500.0
+    assert output_tokens_per_s_at(steps, 2) == 200.0
+
+
+def point(pid: str, per_gpu: float | None, tps: float | None, status="ok", gpus=1) -> PointResult:
+    return PointResult(
+        id=pid, config={}, command=[], status=status, fingerprint=pid, gpus=gpus,
+        safe_concurrency=None if per_gpu is None else int(per_gpu * gpus),
+        safe_concurrency_per_gpu=per_gpu, output_tokens_per_s_per_gpu=tps, binding_constraint="ttft_p99_ms",
+        failure=None if status == "ok" else Failure(kind="kv_too_small", message="too small"),
+    )
+
+
+def test_best_is_highest_safe_per_gpu_then_throughput_and_others_say_why():
+    points = [point("a", 8, 100), point("b", 8, 120), point("c", 6, 500, gpus=2), point("d", None, None, "infeasible")]
+    best = choose_best(points)
+    assert best.point_id == "b"
+    assert best.others["a"].startswith("same safe concurrency per GPU, lower output tokens/s per GPU: 100 vs 120")
+    assert best.others["c"].startswith("lower safe concurrency per GPU: 6 vs 8")
+    assert best.others["d"] == "infeasible: kv_too_small (too small)"
+    assert choose_best([point("d", None, None, "infeasible")]) is None
