@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from planner.report.fleet import FleetPlan
 from planner.report.suggestions import suggest
-from planner.report.view import GRID_AXES, LOAD_AXIS_LABELS, PointView, ReportData
+from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import StepResult
 
 DASH = "-"
@@ -94,7 +94,7 @@ def _recommendation(data: ReportData) -> list[str]:
 def _slo_section(data: ReportData) -> list[str]:
     if not data.slo:
         return ["## SLOs", "", "No SLOs were recorded with these results.", ""]
-    return ["## SLOs", ""] + table(["SLO", "bound"], [(k, num(v, 3)) for k, v in data.slo.items()])
+    return ["## SLOs", ""] + table(["SLO", "bound"], [(k, f"{v:g}") for k, v in data.slo.items()])
 
 
 def _fleet_section(plan: FleetPlan, data: ReportData) -> list[str]:
@@ -136,14 +136,15 @@ def _fleet_section(plan: FleetPlan, data: ReportData) -> list[str]:
 
 
 def _points_section(data: ReportData) -> list[str]:
+    axes = data.grid_axes
     extra = data.extra_axes
-    header = ["point", *GRID_AXES, *extra, "status", "KV tokens", "max passing", "safe", "safe per GPU",
+    header = ["point", *axes, *extra, "status", "KV tokens", "max passing", "safe", "safe per GPU",
               "output tok/s per GPU", "binding constraint"]
     rows = []
     for p in data.points:
         rows.append((
             f"`{p.id}`" + (" **best**" if p.id == data.best_id else ""),
-            *(str(p.config.get(k, DASH)) for k in GRID_AXES),
+            *(str(p.config.get(k, DASH)) for k in axes),
             *(str(p.config.get(k, DASH)) for k in extra),
             p.status + (f" ({p.failure.kind})" if p.failure else ""),
             num(p.capacity.kv_cache_tokens),
@@ -223,6 +224,7 @@ def step_rows(steps: Sequence[StepResult]) -> list[tuple[str, ...]]:
             num(s.output_tokens_per_s),
             num(s.ttft_ms.p50),
             num(s.ttft_ms.p99),
+            num(s.itl_ms.p50),
             num(s.itl_ms.p99),
             num(s.e2e_ms.p99),
             pct(s.server.kv_cache_usage_peak),
@@ -233,7 +235,7 @@ def step_rows(steps: Sequence[StepResult]) -> list[tuple[str, ...]]:
 
 
 STEP_HEADER = ["load", "ok", "failed", "requests/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
-               "ITL p99 ms", "E2E p99 ms", "KV peak", "preemptions", "SLOs"]
+               "ITL p50 ms", "ITL p99 ms", "E2E p99 ms", "KV peak", "preemptions", "SLOs"]
 
 
 def _steps_section(data: ReportData) -> list[str]:

@@ -17,6 +17,7 @@ from matplotlib.colors import Colormap
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import StepResult
@@ -57,6 +58,9 @@ def _load_axis(ax: Axes, values: Sequence[float], mode: str) -> None:
         ticks = [2**k for k in range(lo, hi + 1)]
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
+    elif mode == "concurrency":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.margins(x=0.04)
 
 
 def _values(steps: Sequence[StepResult], get) -> tuple[np.ndarray, np.ndarray]:
@@ -90,11 +94,23 @@ def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, s
         bound = slo.get(f"{metric}_{stat}_ms")
         if bound is not None:
             ax.axhline(bound, color=SLO_COLOR, linestyle=":", linewidth=1.5, label=f"SLO {stat} {bound:g} ms")
-    failing = [s for s in p.steps if not s.slo_pass]
-    if failing:
-        stat = stats[-1]
-        fx, fy = _values(failing, lambda s: getattr(getattr(s, f"{metric}_ms"), stat))
-        ax.scatter(fx, fy, marker="x", s=60, color=FAIL_COLOR, zorder=5, label="step failed an SLO")
+    # A failed step is marked on the curve of the SLO it broke; one that broke only other SLOs
+    # (the other panel's, errors, preemptions) is marked in grey on the last curve.
+    here_x, here_y, other_x, other_y = [], [], [], []
+    for s in p.steps:
+        if s.slo_pass:
+            continue
+        broken = [v for v in s.slo_violations if v.startswith(f"{metric}_") and v.split("_")[1] in stats]
+        stat = broken[0].split("_")[1] if broken else stats[-1]
+        y = getattr(getattr(s, f"{metric}_ms"), stat)
+        if y is None:
+            continue
+        (here_x if broken else other_x).append(s.load.value)
+        (here_y if broken else other_y).append(y)
+    if here_x:
+        ax.scatter(here_x, here_y, marker="x", s=70, color=FAIL_COLOR, zorder=5, label=f"step broke {'an' if metric in ('itl', 'e2e') else 'a'} {metric.upper()} SLO")
+    if other_x:
+        ax.scatter(other_x, other_y, marker="x", s=50, color="#888888", zorder=5, label="step broke another SLO")
     _mark_safe(ax, p)
     _, all_y = _values(p.steps, lambda s: getattr(getattr(s, f"{metric}_ms"), stats[-1]))
     if len(all_y) and all_y.min() > 0 and all_y.max() / all_y.min() > 30:

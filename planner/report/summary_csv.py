@@ -6,7 +6,7 @@ import csv
 import io
 from typing import Any
 
-from planner.report.view import GRID_AXES, PointView, ReportData
+from planner.report.view import PointView, ReportData
 from replay.results import StepResult
 
 STEP_COLUMNS = (
@@ -60,7 +60,7 @@ def _point_fields(p: PointView) -> dict[str, Any]:
 
 
 def render(data: ReportData) -> str:
-    config_columns = [*GRID_AXES, *data.extra_axes] if data.kind == "sweep" else []
+    config_columns = [*data.grid_axes, *data.extra_axes] if data.kind == "sweep" else []
     columns = [*POINT_COLUMNS[:1], *config_columns, *POINT_COLUMNS[1:], *STEP_COLUMNS]
     buf = io.StringIO()
     # Empty cells, not "None", for values that were not measured, so spreadsheets read them as blank.

@@ -94,6 +94,11 @@ class ReportData:
         return next((p for p in self.points if p.id == self.best_id), None)
 
     @property
+    def grid_axes(self) -> list[str]:
+        """The standard grid axes some point actually sets (a grid may vary only one of them)."""
+        return [k for k in GRID_AXES if any(k in p.config for p in self.points)]
+
+    @property
     def extra_axes(self) -> list[str]:
         """Config keys beyond the standard grid axes, in first-seen order."""
         keys: dict[str, None] = {}
