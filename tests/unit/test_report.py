@@ -232,3 +232,19 @@ def test_schema_mismatch_names_the_field(tmp_path: Path) -> None:
     (tmp_path / "sweep.json").write_text(json.dumps(raw))
     with pytest.raises(ReportError, match=r"field points\.0\.status"):
         write_report(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_a_grid_without_memory_axes_has_no_heatmap_and_no_empty_columns(tmp_path: Path) -> None:
+    raw = json.loads((FIXTURES / "sweep" / "sweep.json").read_text())
+    tp2 = [p for p in raw["points"] if p["config"]["tensor_parallel_size"] == 2 and p["config"]["gpu_memory_utilization"] == 0.85]
+    for p in tp2:
+        p["config"] = {"max_model_len": p["config"]["max_model_len"], "enable_chunked_prefill": True}
+    raw["points"] = tp2
+    raw["best"]["point_id"] = tp2[0]["id"]
+    (tmp_path / "sweep.json").write_text(json.dumps(raw))
+    names = {p.name for p in write_report(tmp_path)}
+    assert "safe-concurrency-heatmap.png" not in names and "kv-tokens.png" in names
+    header = _section((tmp_path / "report.md").read_text(), "Every point").splitlines()[2]
+    assert "| max_model_len | enable_chunked_prefill | status |" in header
+    assert "gpu_memory_utilization" not in header
