@@ -4,6 +4,9 @@
         server.url, server.capacity, server.vllm_version   # ready: /health answered 200
         await server.wait_exit()                           # completes if the server dies
 
+The server command is any list: `vllm serve`, `python -m vllm.entrypoints.openai.api_server`, or a
+container (`docker run --rm --init ... IMAGE`; docker forwards SIGTERM to the container, but a
+SIGKILLed `docker run` leaves it running, hence `--rm` and a generous stop_grace_s there).
 The server runs in its own process group (vLLM spawns an EngineCore process and, with tensor
 parallelism, one worker per GPU), with stdout and stderr written straight to the log file, so
 no pipe can fill up and block it. Start-up waits on /health and on the process exiting at the
@@ -456,6 +459,8 @@ class VllmServer:
     def _kill_now(self) -> None:
         self._signal_group(signal.SIGKILL)
         self._dismiss_reaper()
+        if self._log_file is not None:
+            self._log_file.close()
 
     def _dismiss_reaper(self) -> None:
         # Telling the reaper before closing the pipe: a bare end-of-file would make it signal the
