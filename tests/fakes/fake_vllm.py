@@ -39,9 +39,10 @@ pool preempts): with R requests running,
 within max-num-seqs and the pool, ITL is about itl_s x (1 + growth x C): an ITL SLO of X s
 passes up to C = (X / itl_s - 1) / growth, the known answer a sweep's search must find.
 
-Other knobs: FAKE_VLLM_STARTUP_S (seconds before the port opens), FAKE_VLLM_DIE_AFTER_S (after
-ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)), FAKE_VLLM_IGNORE_SIGTERM=1
-(both processes ignore SIGTERM, so only SIGKILL stops them).
+Other knobs: FAKE_VLLM_STARTUP_S (seconds before the port opens); FAKE_VLLM_DIE_AFTER_S (after
+ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)); FAKE_VLLM_DIE_AFTER_REQUESTS
+(the same once N completion requests have arrived: unlike a time, independent of machine load);
+FAKE_VLLM_IGNORE_SIGTERM=1 (both processes ignore SIGTERM, so only SIGKILL stops them).
 """
 
 from __future__ import annotations
@@ -234,13 +235,18 @@ async def _serve(args: argparse.Namespace, behavior: Behavior, cache_info: dict[
         print(f"(APIServer pid={log.pid}) INFO:     Started server process [{log.pid}]", flush=True)
         print(f"(APIServer pid={log.pid}) INFO:     Waiting for application startup.", flush=True)
         print(f"(APIServer pid={log.pid}) INFO:     Application startup complete.", flush=True)
-        die_after = os.environ.get("FAKE_VLLM_DIE_AFTER_S")
-        if die_after:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), float(die_after))
-            if not stop.is_set():
-                log("ERROR", "core.py:1514", "EngineCore encountered a fatal error.", proc="EngineCore")
-                os._exit(int(os.environ.get("FAKE_VLLM_DIE_EXIT_CODE", "1")))
+        die_after_s = _env_float("FAKE_VLLM_DIE_AFTER_S", 0.0)
+        die_after_requests = int(os.environ.get("FAKE_VLLM_DIE_AFTER_REQUESTS") or 0)
+        if die_after_s or die_after_requests:
+            ready_at = time.perf_counter()
+            while not stop.is_set():
+                timed_out = die_after_s and time.perf_counter() - ready_at >= die_after_s
+                served = die_after_requests and server.stats.requests >= die_after_requests
+                if timed_out or served:
+                    log("ERROR", "core.py:1514", "EngineCore encountered a fatal error.", proc="EngineCore")
+                    os._exit(int(os.environ.get("FAKE_VLLM_DIE_EXIT_CODE", "1")))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.02)
         await stop.wait()
         log("INFO", "launcher.py:110", "Shutting down FastAPI HTTP server.")
     finally:

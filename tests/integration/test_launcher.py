@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -176,6 +177,22 @@ def test_a_server_dying_on_its_own_is_noticed(tmp_path: Path) -> None:
 
     server = asyncio.run(run())
     assert_all_gone(server)  # the EngineCore child was stopped too
+
+
+@pytest.mark.timeout(60)
+def test_a_server_dying_after_n_requests(tmp_path: Path) -> None:
+    async def run() -> None:
+        async with fake_server(tmp_path, *SMALL_KV, env={"FAKE_VLLM_DIE_AFTER_REQUESTS": "2"}) as server:
+            async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=10) as client:
+                body = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
+                assert (await client.post("/v1/completions", json=body)).status_code == 200
+                await asyncio.sleep(0.3)
+                assert server.alive()
+                with contextlib.suppress(httpx.HTTPError):
+                    await client.post("/v1/completions", json=body)
+            assert await asyncio.wait_for(server.wait_exit(), 20) == 1
+
+    asyncio.run(run())
 
 
 @pytest.mark.timeout(60)
