@@ -136,11 +136,13 @@ class StreamingClient:
         self.default_max_tokens = default_max_tokens
         self.extra_body = dict(extra_body or {})
         self._transport = transport
+        self._wire: httpx.AsyncBaseTransport | None = None
         self._client: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> StreamingClient:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         t = self.request_timeout_s
+        self._wire = self._transport or LoadTransport(max_connections=self.max_connections)
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
@@ -150,7 +152,7 @@ class StreamingClient:
             # read: the longest silence inside a stream (a long prefill under load); pool: the
             # wait for a free connection when more requests than connections are in flight.
             timeout=httpx.Timeout(connect=self.connect_timeout_s, read=t, write=t, pool=t),
-            transport=self._transport or LoadTransport(max_connections=self.max_connections),
+            transport=self._wire,
         )
         return self
 
@@ -211,15 +213,19 @@ class StreamingClient:
         return rec
 
     async def _stream(self, path: str, payload: dict[str, Any], rec: RequestRecord, *, chat: bool) -> None:
-        client = self.http
-        req = client.build_request("POST", path, json=payload)
+        req = self.http.build_request("POST", path, json=payload)
         perf_counter = time.perf_counter
         rec.send_s = perf_counter()
-        resp = await client.send(req, stream=True)
+        # Straight to the transport: the client layer's auth flow, redirect loop, cookie jar and
+        # stream wrappers cost more per request than parsing the stream, and a load test wants
+        # none of them (a redirect shows up as http_3xx, which is what it is).
+        resp = await self._wire.handle_async_request(req)  # type: ignore[union-attr]
+        encoding = resp.headers.get("content-encoding")
+        chunks = resp.stream if not encoding or encoding == "identity" else resp.aiter_bytes()
         try:
             if resp.status_code != 200:
                 body = b""
-                async for part in resp.aiter_bytes():
+                async for part in chunks:  # type: ignore[union-attr]
                     body += part
                     if len(body) >= ERROR_BODY_MAX_BYTES:
                         break
@@ -230,7 +236,7 @@ class StreamingClient:
             token_times = rec.token_times_s
             usage: dict[str, Any] | None = None
             done_s: float | None = None
-            async for raw in resp.aiter_bytes():
+            async for raw in chunks:  # type: ignore[union-attr]
                 now = perf_counter()
                 for data in parser.feed(raw):
                     if data == DONE:
@@ -608,6 +614,8 @@ class _ResponseStream(httpx.AsyncByteStream):
         self._timeout_s = read_timeout_s
         self._complete = False
         self._closed = False
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._reading = False
         names = {k.lower(): v for k, v in headers}
         connection = names.get(b"connection", b"").lower()
         self._keep_alive = version == b"HTTP/1.1" and b"close" not in connection
@@ -626,53 +634,99 @@ class _ResponseStream(httpx.AsyncByteStream):
             self._length = None
             self._keep_alive = False  # the body ends when the server closes the connection
 
+    # The read timeout is a watchdog per response, not a timer per read: at a thousand streams
+    # a timer per SSE event filled the loop's heap and cost a quarter of the client's time.
+    # Each read only notes when it started; the watchdog wakes about once per timeout period and
+    # cancels the reading task when one read has waited a whole period.
+
+    def _arm(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._cancelling = self._task.cancelling() if self._task is not None else 0
+        self._last_s = self._loop.time()
+        self._fired = False
+        if self._timeout_s is not None and self._task is not None:
+            self._watchdog = self._loop.call_at(self._last_s + self._timeout_s, self._check)
+
+    def _check(self) -> None:
+        assert self._timeout_s is not None and self._task is not None
+        due = self._last_s + self._timeout_s
+        now = self._loop.time()
+        if not self._reading:
+            # The consumer is busy between reads: only silence while reading counts.
+            self._watchdog = self._loop.call_at(now + self._timeout_s, self._check)
+        elif now >= due:
+            self._fired = True
+            self._watchdog = None
+            self._task.cancel()
+        else:
+            self._watchdog = self._loop.call_at(due, self._check)
+
+    def _disarm(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
     async def _read(self, coro: Any) -> bytes:
+        self._reading = True
+        self._last_s = self._loop.time()
         try:
-            async with asyncio.timeout(self._timeout_s):
-                return await coro
+            data = await coro
+        except asyncio.CancelledError:
+            if self._fired and self._task is not None and self._task.uncancel() <= self._cancelling:
+                self._fired = False
+                raise httpx.ReadTimeout(f"nothing received for the read timeout ({self._timeout_s:g} s)") from None
+            raise
         except asyncio.IncompleteReadError:
             raise httpx.RemoteProtocolError("peer closed connection without sending complete message body") from None
         except asyncio.LimitOverrunError:
             raise httpx.RemoteProtocolError("chunk size line too long") from None
-        except TimeoutError:
-            raise httpx.ReadTimeout(f"nothing received within the read timeout ({self._timeout_s:g} s)") from None
         except ConnectionError as exc:
             raise httpx.ReadError(str(exc) or type(exc).__name__) from None
+        finally:
+            self._reading = False
+        return data
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        self._arm()
         reader = self._conn.reader
-        if self._chunked:
-            while True:
-                line = await self._read(reader.readuntil(b"\r\n"))
-                try:
-                    size = int(line.split(b";", 1)[0], 16)
-                except ValueError:
-                    raise httpx.RemoteProtocolError(f"bad chunk size line {line[:40]!r}") from None
-                if size == 0:
-                    while await self._read(reader.readuntil(b"\r\n")) != b"\r\n":
-                        pass  # trailer fields
-                    break
-                data = await self._read(reader.readexactly(size + 2))
-                if data[-2:] != b"\r\n":
-                    raise httpx.RemoteProtocolError("chunk not followed by CRLF")
-                yield data[:-2]
-        elif self._length is not None:
-            remaining = self._length
-            while remaining > 0:
-                data = await self._read(reader.read(min(remaining, 1 << 16)))
-                if not data:
-                    raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
-                remaining -= len(data)
-                yield data
-        else:
-            while data := await self._read(reader.read(1 << 16)):
-                yield data
-        self._complete = True
+        read = self._read
+        try:
+            if self._chunked:
+                while True:
+                    line = await read(reader.readuntil(b"\r\n"))
+                    try:
+                        size = int(line.split(b";", 1)[0], 16)
+                    except ValueError:
+                        raise httpx.RemoteProtocolError(f"bad chunk size line {line[:40]!r}") from None
+                    if size == 0:
+                        while await read(reader.readuntil(b"\r\n")) != b"\r\n":
+                            pass  # trailer fields
+                        break
+                    data = await read(reader.readexactly(size + 2))
+                    if data[-2:] != b"\r\n":
+                        raise httpx.RemoteProtocolError("chunk not followed by CRLF")
+                    yield data[:-2]
+            elif self._length is not None:
+                remaining = self._length
+                while remaining > 0:
+                    data = await read(reader.read(min(remaining, 1 << 16)))
+                    if not data:
+                        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+                    remaining -= len(data)
+                    yield data
+            else:
+                while data := await read(reader.read(1 << 16)):
+                    yield data
+            self._complete = True
+        finally:
+            self._disarm()
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._disarm()
         if self._complete and self._keep_alive:
             self._transport._release(self._conn)
         else:
