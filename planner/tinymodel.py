@@ -4,7 +4,11 @@ No model can be downloaded where the demo and the e2e tests run, and vLLM's CPU 
 so the model is as small as vLLM allows while keeping the KV sizing easy to check by hand:
 
     KV bytes per token = layers x 2 (K and V) x kv_heads x head_dim x dtype bytes
-                       = 2 x 2 x 2 x 16 x 2 (bf16) = 256 bytes
+                       = 2 x 2 x 1 x 32 x 2 (bf16) = 256 bytes
+
+head_dim is 32 because vLLM's CPU attention supports no smaller head (0.32 accepts 32, 64, 80,
+96, 112, 128, ...; a head of 16 starts but fails on the first request with "Unsupported CPU
+attention configuration"), and one KV head keeps the per-token figure at 256 bytes.
 
 so `--kv-cache-memory-bytes 2M` is a pool of 8,192 tokens (64 blocks of 128 on CPU), small enough
 that a handful of long requests fill it. max_position_embeddings is 8192 so a sweep's
@@ -39,17 +43,20 @@ BUILDER_VERSION = 1
 BUILD_INFO = "build-info.json"
 
 DEFAULT_PARAMS: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
+    "hidden_size": 128,
+    "intermediate_size": 256,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
     "vocab_size": 512,
     "max_position_embeddings": 8192,
     "dtype": "bfloat16",
     "seed": 0,
 }
+
+# vllm/v1/attention/backends/cpu_attn.py, get_supported_head_sizes() in 0.32.
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 BOS = "<|bos|>"
 EOS = "<|eos|>"
@@ -156,6 +163,11 @@ def build_params(**overrides: Any) -> dict[str, Any]:
         raise TinyModelError(
             f"num_attention_heads ({params['num_attention_heads']}) must be a multiple of "
             f"num_key_value_heads ({params['num_key_value_heads']})"
+        )
+    if params["head_dim"] not in CPU_ATTENTION_HEAD_SIZES:
+        raise TinyModelError(
+            f"head_dim {params['head_dim']} is not served by vLLM's CPU attention; "
+            f"valid: {', '.join(map(str, CPU_ATTENTION_HEAD_SIZES))}"
         )
     if params["dtype"] not in ("bfloat16", "float16", "float32"):
         raise TinyModelError(f"dtype {params['dtype']!r} is not one of bfloat16, float16, float32")
