@@ -59,10 +59,12 @@ def choose_best(points: list[PointResult]) -> Best | None:
                 f"lower safe concurrency per GPU: {p.safe_concurrency_per_gpu:g} vs {best.safe_concurrency_per_gpu:g}"
                 f" (bound by {p.binding_constraint or '-'})"
             )
+        elif key(p) == key(best):
+            others[p.id] = "tied on safe concurrency and output tokens/s per GPU; the earlier point is recommended"
         else:
             others[p.id] = (
                 f"same safe concurrency per GPU, lower output tokens/s per GPU: "
-                f"{p.output_tokens_per_s_per_gpu or 0:.0f} vs {best.output_tokens_per_s_per_gpu or 0:.0f}"
+                f"{p.output_tokens_per_s_per_gpu or 0:.1f} vs {best.output_tokens_per_s_per_gpu or 0:.1f}"
             )
     return Best(
         point_id=best.id,

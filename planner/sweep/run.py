@@ -152,10 +152,14 @@ class PointRunner:
             r.failure = exc.failure
             r.command = server.command_for_record
         except ReplayError as exc:
-            # The server started but cannot be replayed against (it rejects the key, serves
-            # another model, ...): this point failed; the sweep goes on.
-            r.status = "failed"
-            r.failure = Failure(kind="replay_error", message=str(exc), log_tail=server.read_log().splitlines()[-20:])
+            if not server.alive():
+                # It died before the search began (while the corpus was being tokenized, say).
+                self._server_died(server)
+            else:
+                # The server runs but cannot be replayed against (it rejects the key, serves
+                # another model, ...): this point failed; the sweep goes on.
+                r.status = "failed"
+                r.failure = Failure(kind="replay_error", message=str(exc), log_tail=server.read_log().splitlines()[-20:])
         except asyncio.CancelledError:
             r.status = "failed"
             r.failure = Failure(kind="interrupted", message="the sweep was interrupted during this point")
@@ -375,6 +379,9 @@ async def run_sweep(
         loop.add_signal_handler(signal.SIGTERM, main.cancel)
     try:
         waves = gpu_mod.plan_placement([p.gpus for p, _ in todo], [g.index for g in inventory])
+        if settings.server.port:
+            # One fixed port (a container's published port, say) carries one server at a time.
+            waves = [[placement] for wave in waves for placement in wave]
         for wave in waves:
             await asyncio.gather(
                 *(_run_point(ctx, todo[pl.point][0], todo[pl.point][1], pl.gpu_ids) for pl in wave)

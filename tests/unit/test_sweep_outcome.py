@@ -53,7 +53,13 @@ def test_best_is_highest_safe_per_gpu_then_throughput_and_others_say_why():
     points = [point("a", 8, 100), point("b", 8, 120), point("c", 6, 500, gpus=2), point("d", None, None, "infeasible")]
     best = choose_best(points)
     assert best.point_id == "b"
-    assert best.others["a"].startswith("same safe concurrency per GPU, lower output tokens/s per GPU: 100 vs 120")
+    assert best.others["a"].startswith("same safe concurrency per GPU, lower output tokens/s per GPU: 100.0 vs 120.0")
     assert best.others["c"].startswith("lower safe concurrency per GPU: 6 vs 8")
     assert best.others["d"] == "infeasible: kv_too_small (too small)"
     assert choose_best([point("d", None, None, "infeasible")]) is None
+
+
+def test_a_tie_says_so():
+    best = choose_best([point("a", 8, 100), point("b", 8, 100)])
+    assert best.point_id == "a"
+    assert best.others["b"].startswith("tied on safe concurrency")
