@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
+from rich.console import Console
 from rich.table import Table
 
 from replay.results import ReplayResults, StepResult
+
+
+def stdout_console() -> Console:
+    """Rich sizes output to the terminal, and to 80 columns when stdout is a file or a pipe,
+    which would cut the tables' columns short there."""
+    return Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
 
 
 def fmt(value: float | None, digits: int = 0) -> str:

@@ -11,7 +11,7 @@ from rich.console import Console
 from planner.cliargs import build, comma_list, env_default
 from planner.progress import StepProgress
 from planner.report import write_report
-from planner.tables import replay_summary, steps_table
+from planner.tables import stdout_console, replay_summary, steps_table
 from replay import slo as slo_mod
 from replay.corpus import load_corpus
 from replay.observer import Observers
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     slo = slo_mod.parse(args.slo)
     corpus = load_corpus(args.prompts, skip_invalid=args.skip_invalid)
-    console = Console()
+    console = stdout_console()
     if corpus.skipped_invalid:
         Console(stderr=True).print(f"skipped {corpus.skipped_invalid} invalid corpus lines (--skip-invalid)")
 

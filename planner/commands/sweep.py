@@ -7,7 +7,6 @@ import asyncio
 import shlex
 from pathlib import Path
 
-from rich.console import Console
 
 from planner.progress import StepProgress
 from planner.sweep.config import load_settings
@@ -15,7 +14,7 @@ from planner.sweep.grid import expand
 from planner.report import write_report
 from planner.sweep.predict import predictor
 from planner.sweep.run import RESULTS_FILE, run_sweep
-from planner.tables import sweep_summary, sweep_table
+from planner.tables import stdout_console, sweep_summary, sweep_table
 from replay.corpus import load_corpus
 
 
@@ -60,7 +59,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, overrides_from_args(args))
-    console = Console()
+    console = stdout_console()
     points = expand(settings)
     if args.dry_run:
         console.print(f"{len(points)} points; server command: {shlex.join(settings.server.command)}")

@@ -68,5 +68,6 @@ def should_skip(prediction: dict[str, Any], *, prune: bool) -> str | None:
     if prune and verdict.get("status") == "does_not_fit" and verdict.get("clear_margin"):
         largest = verdict.get("largest_fitting_max_model_len")
         hint = f"; the largest max_model_len that fits is {largest}" if largest else ""
-        return f"{verdict.get('reason')}: {verdict.get('message')}{hint}"
+        message = verdict.get("message")
+        return f"{verdict.get('reason')}{': ' + message if message else ''}{hint}"
     return None

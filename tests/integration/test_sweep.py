@@ -120,15 +120,19 @@ def test_server_killed_mid_step_fails_the_point_and_the_sweep_goes_on(tmp_path):
     cfg = write_config(
         tmp_path,
         kv_bytes=["4M"],
-        grid_env='[grid.env]\nFAKE_VLLM_DIE_AFTER_S = ["2", "100000"]',
+        # Dies in the second step (c=8): the first (c=4) takes 4 warm-up + 30 measured requests.
+        grid_env='[grid.env]\nFAKE_VLLM_DIE_AFTER_REQUESTS = ["45", "0"]',
     )
     out = tmp_path / "out"
     assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
     results = SweepResults.model_validate_json((out / "sweep.json").read_text())
     died, survived = results.points
-    assert died.config["env"] == {"FAKE_VLLM_DIE_AFTER_S": "2"}
+    assert died.config["env"] == {"FAKE_VLLM_DIE_AFTER_REQUESTS": "45"}
     assert died.status == "failed" and died.failure.kind == "server_died"
     assert died.failure.log_tail
+    # What was measured before the server died is kept; the step it died in is dropped.
+    assert [int(s.load.value) for s in died.steps] == [4]
+    assert died.max_passing_concurrency == 4
     assert survived.status == "ok" and survived.max_passing_concurrency == 5
     assert results.best.point_id == survived.id
     assert fake_vllm_processes(cfg) == []

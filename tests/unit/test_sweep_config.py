@@ -137,6 +137,9 @@ def test_fixed_flags_and_skip_rule():
     assert should_skip({"verdict": verdict}, prune=True) == "kv_too_small: m; the largest max_model_len that fits is 896"
     assert should_skip({"verdict": verdict}, prune=False) is None
     assert should_skip({"verdict": {**verdict, "clear_margin": False}}, prune=True) is None
+    assert should_skip({"verdict": {**verdict, "message": None}}, prune=True) == (
+        "kv_too_small; the largest max_model_len that fits is 896"
+    )
 
 
 def test_dry_run_prints_the_grid_and_every_command_without_secrets(tmp_path, capsys):
