@@ -3,6 +3,9 @@
 One `httpx.AsyncClient` serves a whole run, configured for load testing rather than for httpx's
 defaults: a pool as large as the concurrency (the default 100 connections would silently cap a
 sweep) and timeouts sized to the longest generation (the default 5 s would fail every long one).
+Its transport is `LoadTransport` (below), which holds up to `max_connections` connections, all
+kept alive, because httpcore's pool costs more than the streams at a few hundred of them; tests
+pass an `httpx.MockTransport` instead.
 
 `send()` never raises for a failure of the request itself; it records one error kind:
 
@@ -146,9 +149,6 @@ class StreamingClient:
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
-            # LoadTransport ignores httpx.Limits and enforces the same bound itself; the limits
-            # still apply when a caller passes an httpx transport of its own.
-            limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections),
             # read: the longest silence inside a stream (a long prefill under load); pool: the
             # wait for a free connection when more requests than connections are in flight.
             timeout=httpx.Timeout(connect=self.connect_timeout_s, read=t, write=t, pool=t),
