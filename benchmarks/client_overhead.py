@@ -38,7 +38,7 @@ READY_PREFIX = "fake-openai-server ready on "
 MODEL = "bench-model"
 # About 32 tokens by the fake server's tokenizer (4 bytes a token), as vLLM's random dataset gets.
 PROMPT = "benchmark prompt " * 7 + "end of it."
-VLLM_TIMEOUT_S = 240
+VLLM_TIMEOUT_S = 120
 
 
 @dataclass
