@@ -11,8 +11,9 @@ head_dim is 32 because vLLM's CPU attention supports no smaller head (0.32 accep
 attention configuration"), and one KV head keeps the per-token figure at 256 bytes.
 
 so `--kv-cache-memory-bytes 2M` is a pool of 8,192 tokens (64 blocks of 128 on CPU), small enough
-that a handful of long requests fill it. max_position_embeddings is 8192 so a sweep's
-max_model_len axis can reach 8192.
+that a handful of long requests fill it. max_position_embeddings is 131072: this tokenizer is
+small, so prompts/prod.jsonl's longest requests take about 11,000 tokens here, and a sweep's
+max_model_len axis needs room above that to show a value whose KV need no pool of the demo meets.
 
 This file runs inside vLLM's own environment (`.venv-vllm/bin/python planner/tinymodel.py --out
 DIR`), where the planner's dependencies are not installed: the module level imports only the
@@ -50,7 +51,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "num_key_value_heads": 1,
     "head_dim": 32,
     "vocab_size": 512,
-    "max_position_embeddings": 8192,
+    "max_position_embeddings": 131072,
     "dtype": "bfloat16",
     "seed": 0,
 }
