@@ -156,3 +156,24 @@ def test_dry_run_prints_the_grid_and_every_command_without_secrets(tmp_path, cap
     )
     assert len(out) == 5
     assert "s3cret" not in "\n".join(out)
+
+
+@pytest.mark.parametrize("path", ["examples/cpu-demo.toml", "docker/sweep.toml"])
+def test_shipped_sweep_configs_are_valid(path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    settings = load_settings(root / path)
+    assert expand(settings), f"{path} expands to no point"
+
+
+def test_cpu_demo_grid_has_the_promised_points():
+    from pathlib import Path
+
+    settings = load_settings(Path(__file__).resolve().parents[2] / "examples/cpu-demo.toml")
+    points = expand(settings)
+    assert len(points) == 4
+    assert settings.server.command[1:] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enforce-eager" in settings.server.args
+    assert len(settings.grid.extra["kv_cache_memory_bytes"]) >= 2
+    assert settings.prompts.endswith("prompts/prod.jsonl")
