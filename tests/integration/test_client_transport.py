@@ -22,12 +22,13 @@ async def _stream_once(srv: FakeServer, read_timeout_s: float, **kwargs) -> list
 
 def test_read_timeout_counts_silence_not_total_time() -> None:
     async def main() -> tuple[list[bytes], type[BaseException] | None]:
-        async with FakeServer(Behavior(itl_s=0.03)) as srv:
-            # 10 tokens 30 ms apart: 0.3 s in all, never 0.15 s of silence.
-            chunks = await _stream_once(srv, 0.15)
-            srv.behavior = Behavior(itl_s=0.5)
+        async with FakeServer(Behavior(itl_s=0.1)) as srv:
+            # 10 tokens 100 ms apart: a second in all, but never half a second of silence (a
+            # wide margin, for a busy test machine).
+            chunks = await _stream_once(srv, 0.5)
+            srv.behavior = Behavior(itl_s=2.0)
             try:
-                await _stream_once(srv, 0.15)
+                await _stream_once(srv, 0.5)
             except httpx.HTTPError as exc:
                 return chunks, type(exc)
             return chunks, None
