@@ -201,11 +201,13 @@ def is_built(out: Path, params: dict[str, Any]) -> bool:
     return True
 
 
-def ensure_built(out: Path, params: dict[str, Any] | None = None) -> tuple[bool, dict[str, Any]]:
-    """Builds the model into `out` unless it is already there. Returns (built_now, build_info)."""
+def ensure_built(
+    out: Path, params: dict[str, Any] | None = None, *, force: bool = False
+) -> tuple[bool, dict[str, Any]]:
+    """Builds the model into `out` unless it is already there (or `force`). Returns (built_now, build_info)."""
     params = params if params is not None else build_params()
     out = Path(out)
-    if is_built(out, params):
+    if not force and is_built(out, params):
         return False, json.loads((out / BUILD_INFO).read_text())
     if out.exists() and not out.is_dir():
         raise TinyModelError(f"{out}: exists and is not a folder")
@@ -220,13 +222,36 @@ def ensure_built(out: Path, params: dict[str, Any] | None = None) -> tuple[bool,
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:
         info = _build_into(staging, params)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    except BaseException:
+        if _swap_in(staging, out, params, force=force):
+            return True, info
+        return False, json.loads((out / BUILD_INFO).read_text())
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _swap_in(staging: Path, out: Path, params: dict[str, Any], *, force: bool) -> bool:
+    """Moves the finished build to `out`; False when another builder got there first.
+
+    `make test` and `make demo` may build the same folder at once. The old folder is renamed
+    aside before it is deleted, so a reader never sees it half removed.
+    """
+    if not force and is_built(out, params):
+        return False
+    if out.exists():
+        stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.stale-", dir=out.parent))
+        try:
+            os.replace(out, stale / out.name)
+        except FileNotFoundError:
+            pass  # another builder moved it first
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        os.replace(staging, out)
+    except OSError:
+        # Another builder's folder landed between the rename and ours: keep it if it is complete.
+        if is_built(out, params):
+            return False
         raise
-    return True, info
+    return True
 
 
 def _build_into(folder: Path, params: dict[str, Any]) -> dict[str, Any]:
@@ -353,9 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         params = build_params(seed=args.seed)
-        if args.force and (args.out / BUILD_INFO).exists():
-            (args.out / BUILD_INFO).unlink()
-        built, info = ensure_built(args.out, params)
+        built, info = ensure_built(args.out, params, force=args.force)
     except TinyModelError as exc:
         print(f"tinymodel: error: {exc}", file=sys.stderr)
         return 2
