@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from replay.client import LoadTransport
+from replay.transport import LoadTransport
 from tests.fakes.openai_server import Behavior, FakeServer
 
 BODY = {"model": "fake-model", "prompt": "hi", "max_tokens": 10, "stream": True}
