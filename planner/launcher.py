@@ -276,6 +276,12 @@ class VllmServer:
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         if self.api_key is not None:
             env["VLLM_API_KEY"] = self.api_key
+        if "VLLM_CPU_KVCACHE_SPACE" not in self._env and any(
+            a == "--kv-cache-memory-bytes" or a.startswith("--kv-cache-memory-bytes=") for a in self._args
+        ):
+            # vLLM's CPU build lets this variable win over the flag: one left in the user's shell
+            # would silently give every point the same pool.
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         return env
 
     async def start(self) -> VllmServer:

@@ -20,7 +20,6 @@ KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
 PREEMPTIONS = ("vllm:num_preemptions_total",)
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +56,6 @@ def parse_sample(text: str, t_s: float) -> Sample | None:
         waiting=pick(WAITING, sum),
         preemptions=pick(PREEMPTIONS, sum),
     )
-
-
-def cache_config_labels(text: str) -> dict[str, str] | None:
-    """The labels of vllm:cache_config_info (block_size, kv_cache_size_tokens, ...)."""
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.startswith(CACHE_CONFIG_INFO):
-                return dict(s.labels)
-    return None
 
 
 def summarize(samples: list[Sample], window_start_s: float, window_end_s: float, note: str | None) -> ServerSummary:

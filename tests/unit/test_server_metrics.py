@@ -1,4 +1,4 @@
-from replay.server_metrics import Sample, cache_config_labels, parse_sample, summarize
+from replay.server_metrics import Sample, parse_sample, summarize
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -33,12 +33,6 @@ def test_server_without_vllm_metrics():
     assert parse_sample("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n", 0.0) is None
     summary = summarize([], 0, 1, None)
     assert summary.metrics_available is False and "no vllm" in summary.metrics_note
-
-
-def test_cache_config_labels():
-    labels = cache_config_labels(VLLM_TEXT)
-    assert labels["kv_cache_size_tokens"] == "8192" and labels["block_size"] == "128"
-    assert cache_config_labels("x 1\n") is None
 
 
 def test_window_peaks_and_preemption_delta():
