@@ -34,6 +34,7 @@ class StepMonitor(Protocol):
 RESULTS_FILE = "replay.json"
 # Connection pool size when the highest concurrency is not known in advance.
 SEARCH_MAX_CONNECTIONS = 4096
+METRICS_CONNECTIONS = 4
 
 
 def planned_loads(settings: ReplaySettings) -> list[Load]:
@@ -152,6 +153,8 @@ async def run_replay(
     known = max([settings.max_concurrency or 0, *settings.concurrency])
     open_loop = bool(settings.rate) or settings.trace
     max_connections = SEARCH_MAX_CONNECTIONS if (open_loop or (settings.find_max and not settings.max_concurrency)) else known
+    # Spare connections beside the load's, so /metrics scrapes never wait for a request to finish.
+    max_connections += METRICS_CONNECTIONS
     async with StreamingClient(
         url,
         model=model,

@@ -54,5 +54,4 @@ class ReplaySettings(BaseModel):
             min_requests=self.min_requests,
             min_window_s=self.min_window_s,
             max_window_s=self.max_window_s,
-            drain_timeout_s=self.request_timeout_s,
         )

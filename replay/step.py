@@ -43,9 +43,8 @@ class Window:
     min_window_s: float = 0.0
     max_window_s: float = 600.0
     # Open loop: never more than this many requests in flight; past it, sends are late (and flagged).
+    # Requests still running when the window closes are bounded by the client's request time-out.
     max_inflight: int = 4096
-    # How long to wait for requests still running when the window closes.
-    drain_timeout_s: float = 600.0
 
     def warmup_for(self, load: Load) -> int:
         if self.warmup_requests is not None:
@@ -180,7 +179,10 @@ async def run_step(
             while not stop_sending.is_set():
                 await one(cursor.next(), None)
 
-        await asyncio.gather(*(worker() for _ in range(n)))
+        # A TaskGroup: should one worker fail, the others stop with it instead of sending on.
+        async with asyncio.TaskGroup() as group:
+            for _ in range(n):
+                group.create_task(worker())
 
     async def open_loop(schedule) -> None:
         slots = asyncio.Semaphore(window.max_inflight)
@@ -236,6 +238,7 @@ async def run_step(
                 stamps = [r.timestamp_s for r in requests]
                 await open_loop((off, requests[i]) for off, i in trace_offsets(stamps, speed))
     finally:
+        stop_sending.set()
         lag_stop.set()
         clock_task.cancel()
         for task in (lag_task, clock_task):

@@ -73,7 +73,12 @@ class LoadTransport(httpx.AsyncBaseTransport):
                 self._discard(conn)
                 raise
             break
-        stream = _ResponseStream(self, conn, request.method, status, headers, version, read_timeout)
+        try:
+            stream = _ResponseStream(self, conn, request.method, status, headers, version, read_timeout)
+        except BaseException:
+            # A head the stream cannot frame (a bad Content-Length): the connection is unusable.
+            self._discard(conn)
+            raise
         return httpx.Response(
             status, headers=headers, stream=stream, extensions={"http_version": version, "reason_phrase": reason}
         )
@@ -104,6 +109,8 @@ class LoadTransport(httpx.AsyncBaseTransport):
             except BaseException as exc:
                 if fut.done() and not fut.cancelled() and fut.result() is not None:
                     self._release(fut.result())  # handed over just as the wait ended: pass it on
+                elif fut.done() and not fut.cancelled():
+                    self._wake_one(None)  # handed room to connect just as the wait ended: pass it on
                 elif not fut.done():
                     fut.cancel()
                 if isinstance(exc, TimeoutError):

@@ -24,6 +24,7 @@ import numpy as np
 
 from planner.cliargs import env_default
 from replay.client import StreamingClient
+from replay.tokens import token_counts
 from replay.corpus import Corpus, load_corpus, request_text
 from replay.errors import CorpusError
 from replay.lengths import ESTIMATE_RULE, estimate_tokens
@@ -169,20 +170,11 @@ async def server_token_counts(
     corpus: Corpus, url: str, *, model: str | None, api: str, api_key: str | None
 ) -> tuple[list[int], str]:
     """Every request's input tokens by the server's /tokenize, and the model that counted them."""
-    counts = [0] * len(corpus.requests)
     async with StreamingClient(
         url, model=model, api=api, api_key=api_key, max_connections=TOKENIZE_CONCURRENCY
     ) as client:
         served = await client.check()
-        work: Iterator[int] = iter(range(len(corpus.requests)))
-
-        # A fixed pool pulling from one iterator: memory stays flat for 100k-line corpora, and the
-        # first error ends the run (gather cancels the other workers).
-        async def worker() -> None:
-            for i in work:
-                counts[i] = await client.tokenize(corpus.requests[i])
-
-        await asyncio.gather(*(worker() for _ in range(min(TOKENIZE_CONCURRENCY, len(corpus.requests)))))
+        counts = await token_counts(client, corpus.requests, workers=TOKENIZE_CONCURRENCY)
     return counts, served
 
 

@@ -8,9 +8,11 @@ import shlex
 from pathlib import Path
 
 
+from planner.launcher import VllmServer
 from planner.progress import StepProgress
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand
+from planner.cliargs import env_default
 from planner.report import write_report
 from planner.sweep.predict import predictor
 from planner.sweep.run import RESULTS_FILE, run_sweep
@@ -37,8 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="model (overrides [server] model)")
     p.add_argument("--headroom", type=float, default=None, help="fraction of max passing concurrency kept free (overrides [slo] headroom)")
     p.add_argument("--no-prune", action="store_true", help="launch points the estimate predicts cannot fit")
-    p.add_argument("--target-rps", type=float, default=None, help="size a fleet for this many requests/s (report)")
-    p.add_argument("--target-concurrency", type=int, default=None, help="size a fleet for this many concurrent requests (report)")
+    p.add_argument("--target-rps", type=float, default=env_default("PLANNER_TARGET_RPS"),
+                   help="size a fleet for this many requests/s in the report (env PLANNER_TARGET_RPS)")
+    p.add_argument("--target-concurrency", type=int, default=env_default("PLANNER_TARGET_CONCURRENCY"),
+                   help="size a fleet for this many concurrent requests in the report (env PLANNER_TARGET_CONCURRENCY)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve the planner's Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server (default 127.0.0.1)")
     p.set_defaults(run=run)
@@ -63,11 +67,18 @@ def run(args: argparse.Namespace) -> int:
     points = expand(settings)
     if args.dry_run:
         console.print(f"{len(points)} points; server command: {shlex.join(settings.server.command)}")
+        s = settings.server
         for point in points:
             env = " ".join(f"{k}={v}" for k, v in point.env.items())
-            cmd = [*settings.server.command, "--model", settings.server.model, "--host", settings.server.host,
-                   "--port", "<free port>", *settings.server.args, *point.flags]
-            console.print(f"{point.id}: {(env + ' ') if env else ''}{shlex.join(cmd)}", soft_wrap=True, highlight=False)
+            server = VllmServer(
+                s.command, model=s.model, log_path=args.output / "points" / point.id / "server.log",
+                host=s.host, port=s.port or None, args=[*s.args, *point.flags], api_key=s.api_key,
+            )
+            console.print(
+                f"{point.id}: {(env + ' ') if env else ''}{shlex.join(server.command_for_record)}",
+                soft_wrap=True,
+                highlight=False,
+            )
         return 0
     corpus = load_corpus(settings.prompts)
     exporter = None

@@ -64,6 +64,12 @@ class ServerSection(_Strict):
         for flag in ("--model", "--host", "--port"):
             if any(a == flag or a.startswith(flag + "=") for a in args):
                 raise ValueError(f"{flag} is set by the planner; remove it from [server] args")
+        for flags, key in ((("--tensor-parallel-size", "-tp"), "tensor_parallel_size"),
+                           (("--pipeline-parallel-size", "-pp"), "pipeline_parallel_size")):
+            if any(a in flags or a.startswith(tuple(f + "=" for f in flags)) for a in args):
+                raise ValueError(
+                    f"{flags[0]} decides how many GPUs a point takes; set it in [grid] ({key} = [N]), not in [server] args"
+                )
         return args
 
 
@@ -147,6 +153,19 @@ class SweepSettings(BaseSettings):
     estimate: EstimateSection = Field(default_factory=EstimateSection)
     # Paths starting with ./ or ../ are relative to the config file, others to the working directory.
     prompts: str = "prompts/prod.jsonl"
+
+    @field_validator("replay")
+    @classmethod
+    def _searched_not_planned(cls, replay: ReplaySettings) -> ReplaySettings:
+        planned = [k for k in ("concurrency", "rate") if getattr(replay, k)] + (["trace"] if replay.trace else [])
+        if replay.find_max:
+            planned.append("find_max")
+        if planned:
+            raise ValueError(
+                f"[replay] {', '.join(planned)}: a sweep searches every point itself (start_concurrency,"
+                " max_concurrency, precision); remove these keys"
+            )
+        return replay
 
     @field_validator("prompts")
     @classmethod
@@ -245,9 +264,12 @@ def load_settings(path: Path | None, overrides: dict[str, Any] | None = None) ->
 
 def public_settings(settings: SweepSettings) -> dict[str, Any]:
     """The settings as saved in sweep.json: secrets removed."""
+    from planner.launcher import redact
+
     data = settings.model_dump(mode="json")
     if data["server"].get("api_key") is not None:
         data["server"]["api_key"] = "***"
+    data["server"]["args"] = redact(data["server"]["args"], [settings.server.api_key] if settings.server.api_key else [])
     secret = re.compile(r"(?i)(key|token|secret|password)")
     data["server"]["env"] = {k: ("***" if secret.search(k) else v) for k, v in data["server"]["env"].items()}
     return data

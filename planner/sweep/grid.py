@@ -32,25 +32,9 @@ class Point:
     env: dict[str, str] = field(default_factory=dict)
 
     @property
-    def tensor_parallel_size(self) -> int:
-        return int(self.config.get("tensor_parallel_size") or _flag_value(self.flags, "--tensor-parallel-size") or 1)
-
-    @property
-    def pipeline_parallel_size(self) -> int:
-        return int(self.config.get("pipeline_parallel_size") or _flag_value(self.flags, "--pipeline-parallel-size") or 1)
-
-    @property
     def gpus(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
-
-
-def _flag_value(flags: list[str], name: str) -> str | None:
-    for i, f in enumerate(flags):
-        if f == name and i + 1 < len(flags):
-            return flags[i + 1]
-        if f.startswith(name + "="):
-            return f.split("=", 1)[1]
-    return None
+        """Tensor x pipeline parallel size ([server] args may not set either, so the grid knows)."""
+        return int(self.config.get("tensor_parallel_size") or 1) * int(self.config.get("pipeline_parallel_size") or 1)
 
 
 def _flags_for(key: str, value: Any) -> list[str]:

@@ -27,9 +27,20 @@ FailureKind = Literal[
     # During the replay (status "failed"): the server died or stopped answering.
     "server_died",
     "replay_error",
+    # Ready, but it reported no KV-cache capacity and the search had no other bound.
+    "no_capacity",
+    # An unforeseen error in the planner itself: the point failed, the sweep went on.
+    "planner_error",
     "predicted_infeasible",
     "interrupted",
 ]
+
+
+# Start-up failures that say the configuration cannot run (status "infeasible"), as opposed to a
+# broken launch (status "failed").
+INFEASIBLE_KINDS = frozenset(
+    {"kv_too_small", "no_kv_memory", "gpu_oom", "world_size_too_large", "heads_not_divisible", "max_model_len_too_long"}
+)
 
 
 class _Model(BaseModel):

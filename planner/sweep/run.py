@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import signal
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from planner.sweep.bound import concurrency_upper_bound, mean_blocks
 from planner.sweep.config import SweepSettings, public_settings
 from planner.sweep.grid import Point, expand, fingerprint
 from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, choose_best, output_tokens_per_s_at, safe_concurrency
-from planner.sweep.results import Failure, PointResult, SweepResults
+from planner.sweep.results import INFEASIBLE_KINDS, Failure, PointResult, SweepResults
 from planner.estimate import kv_tokens_relative_error
 from planner.sweep.predict import should_skip
 from planner.sweep.version import probe_version
@@ -28,22 +29,16 @@ from replay.corpus import Corpus
 from replay.errors import ReplayError, StepAborted
 from replay.observer import Observers
 from replay.results import StepResult, write_json_atomic
+from replay.search import bracket
 from replay.session import Replay, binding_constraint
+from replay.tokens import TOKENIZE_WORKERS, token_counts
 
 RESULTS_FILE = "sweep.json"
-# Start-up failures that say the configuration cannot run, as opposed to a broken launch.
-INFEASIBLE_KINDS = {
-    "kv_too_small",
-    "no_kv_memory",
-    "gpu_oom",
-    "world_size_too_large",
-    "heads_not_divisible",
-    "max_model_len_too_long",
-}
 FINISHED = {"ok", "infeasible", "predicted_infeasible"}
 # vLLM completions' default max_tokens, used to size requests that ask for none.
 VLLM_DEFAULT_MAX_TOKENS = 16
-_TOKENIZE_CONCURRENCY = 16
+# Spare connections beside the load's, so /metrics scrapes never wait for a request to finish.
+METRICS_CONNECTIONS = 4
 
 
 @dataclass
@@ -83,16 +78,6 @@ def previous_results(output_dir: Path) -> dict[str, PointResult]:
     except ValueError as exc:
         raise ConfigError(f"{path}: cannot resume from it: {exc}") from None
     return {p.fingerprint: p for p in earlier.points if p.status in FINISHED}
-
-
-async def _corpus_prompt_tokens(client: StreamingClient, corpus: Corpus) -> list[int]:
-    slots = asyncio.Semaphore(_TOKENIZE_CONCURRENCY)
-
-    async def count(req) -> int:
-        async with slots:
-            return await client.tokenize(req)
-
-    return list(await asyncio.gather(*(count(r) for r in corpus.requests)))
 
 
 def _output_tokens(req, settings: SweepSettings, prompt_tokens: int, max_model_len: int | None) -> int:
@@ -164,56 +149,81 @@ class PointRunner:
             r.status = "failed"
             r.failure = Failure(kind="interrupted", message="the sweep was interrupted during this point")
             raise
+        except Exception as exc:  # a bug or an unforeseen answer must cost one point, not the sweep
+            r.status = "failed"
+            r.failure = Failure(
+                kind="planner_error",
+                message=f"{type(exc).__name__}: {exc}",
+                log_tail=traceback.format_exc().splitlines()[-20:],
+            )
         finally:
             r.duration_s = round(time.perf_counter() - start, 1)
             self.ctx.save()
 
-    async def _measure(self, server: VllmServer) -> None:
-        ctx, r, settings = self.ctx, self.result, self.ctx.settings
-        cap = r.capacity
-        async with StreamingClient(
+    def _client(self, server: VllmServer, max_connections: int) -> StreamingClient:
+        settings = self.ctx.settings
+        return StreamingClient(
             server.url,
             model=None,
             api=settings.replay.api,
             api_key=settings.server.api_key,
-            max_connections=1024,
+            max_connections=max_connections,
             request_timeout_s=settings.replay.request_timeout_s,
             ignore_eos=settings.replay.ignore_eos,
             default_max_tokens=settings.replay.max_tokens,
             extra_body=settings.replay.extra_body,
-        ) as client:
+        )
+
+    async def _search_bound(self, server: VllmServer) -> tuple[int | None, str | None]:
+        """The search's ceiling and what set it (None when the server reported no capacity and no
+        [replay] max_concurrency caps it)."""
+        ctx, r, settings = self.ctx, self.result, self.ctx.settings
+        cap = r.capacity
+        async with self._client(server, TOKENIZE_WORKERS + 1) as client:
             await client.check()
             if ctx.prompt_tokens is None:
-                ctx.prompt_tokens = await _corpus_prompt_tokens(client, ctx.corpus)
+                ctx.prompt_tokens = await token_counts(client, ctx.corpus.requests)
+        upper, limit = None, None
+        if cap.kv_cache_tokens and cap.block_size:
             max_model_len = cap.max_model_len or self.point.config.get("max_model_len")
-            upper = None
-            if cap.kv_cache_tokens and cap.block_size:
-                lengths = [
-                    (p, _output_tokens(req, settings, p, max_model_len))
-                    for req, p in zip(ctx.corpus.requests, ctx.prompt_tokens)
-                ]
-                r.mean_blocks_per_request = round(
-                    mean_blocks(lengths, block_size=cap.block_size, max_model_len=max_model_len), 3
-                )
-                upper = concurrency_upper_bound(
-                    kv_cache_tokens=cap.kv_cache_tokens,
-                    block_size=cap.block_size,
-                    mean_blocks_per_request=r.mean_blocks_per_request,
-                    max_concurrency_reported=cap.max_concurrency_reported,
-                )
-            elif settings.replay.max_concurrency is None:
-                raise ConfigError(
-                    f"point {self.point.id}: the server reported no KV-cache capacity, so the search has no"
-                    " upper bound; set [replay] max_concurrency"
-                )
-            if settings.replay.max_concurrency is not None:
-                upper = min(upper, settings.replay.max_concurrency) if upper else settings.replay.max_concurrency
-            r.concurrency_upper_bound = upper
-            ctx.save()
-
-            monitor: Callable[[], gpu_mod.GpuMemorySampler] | None = (
-                (lambda: gpu_mod.GpuMemorySampler(list(self.gpu_ids))) if self.gpu_ids else None
+            lengths = [
+                (p, _output_tokens(req, settings, p, max_model_len))
+                for req, p in zip(ctx.corpus.requests, ctx.prompt_tokens)
+            ]
+            r.mean_blocks_per_request = round(
+                mean_blocks(lengths, block_size=cap.block_size, max_model_len=max_model_len), 3
             )
+            upper = concurrency_upper_bound(
+                kv_cache_tokens=cap.kv_cache_tokens,
+                block_size=cap.block_size,
+                mean_blocks_per_request=r.mean_blocks_per_request,
+                max_concurrency_reported=cap.max_concurrency_reported,
+            )
+            limit = UPPER_BOUND_CONSTRAINT
+        cap_n = settings.replay.max_concurrency
+        if cap_n is not None and (upper is None or cap_n < upper):
+            upper, limit = cap_n, "max_concurrency"
+        return upper, limit
+
+    async def _measure(self, server: VllmServer) -> None:
+        ctx, r, settings = self.ctx, self.result, self.ctx.settings
+        upper, limit = await self._search_bound(server)
+        r.concurrency_upper_bound = upper
+        ctx.save()
+        if upper is None:
+            r.status = "failed"
+            r.failure = Failure(
+                kind="no_capacity",
+                message="the server reported no KV-cache capacity (log or vllm:cache_config_info), so the"
+                " search has no upper bound; set [replay] max_concurrency",
+                log_tail=server.read_log().splitlines()[-20:],
+            )
+            return
+        monitor: Callable[[], gpu_mod.GpuMemorySampler] | None = (
+            (lambda: gpu_mod.GpuMemorySampler(list(self.gpu_ids))) if self.gpu_ids else None
+        )
+        # A connection for every request in flight at the bound, and spare ones for /metrics.
+        async with self._client(server, upper + METRICS_CONNECTIONS) as client:
             replay = Replay(
                 client,
                 ctx.corpus,
@@ -246,7 +256,7 @@ class PointRunner:
                 self._server_died(server)
                 return
             lo, hi = search.result()
-        self._conclude(lo, hi, upper)
+        self._conclude(lo, hi, upper, limit)
 
     def _server_died(self, server: VllmServer) -> None:
         lines = server.read_log().splitlines()
@@ -257,18 +267,15 @@ class PointRunner:
             exit_code=server.exit_code,
             log_tail=lines[-20:],
         )
-        lo_hi = [s for s in self.result.steps if s.slo_pass and s.load.mode == "concurrency"]
-        if lo_hi:
-            self.result.max_passing_concurrency = max(int(s.load.value) for s in lo_hi)
+        history = [(int(s.load.value), s.slo_pass) for s in self.result.steps if s.load.mode == "concurrency"]
+        self.result.max_passing_concurrency = bracket(history).max_passing
 
-    def _conclude(self, lo: int | None, hi: int | None, upper: int | None) -> None:
+    def _conclude(self, lo: int | None, hi: int | None, upper: int, limit: str | None) -> None:
         r, settings = self.result, self.ctx.settings
         r.status = "ok"
         r.max_passing_concurrency = lo
         r.min_failing_concurrency = hi
-        r.binding_constraint = binding_constraint(
-            r.steps, hi, UPPER_BOUND_CONSTRAINT if hi is None and lo is not None and lo == upper else None
-        )
+        r.binding_constraint = binding_constraint(r.steps, hi, limit if hi is None and lo == upper else None)
         r.safe_concurrency = safe_concurrency(lo, settings.slo.headroom)
         gpus = self.point.gpus
         r.gpus = gpus
@@ -284,6 +291,14 @@ class PointRunner:
             r.gpu_memory_peak_mib = peaks
             totals = {g.index: g.memory_total_mib for g in self.ctx.gpu_inventory}
             r.gpu_memory_headroom_mib = {g: totals[g] - v for g, v in peaks.items() if g in totals}
+
+
+def _reusable(earlier: PointResult, *, prune: bool) -> bool:
+    """A finished point --resume keeps. Not one the estimate skipped when pruning is now off, nor
+    one refused for want of GPUs here (the planner's limit, not the configuration's)."""
+    if earlier.status == "predicted_infeasible" and not prune:
+        return False
+    return not (earlier.failure is not None and earlier.failure.kind == "world_size_too_large" and not earlier.command)
 
 
 def _new_result(ctx: SweepContext, point: Point, fp: str) -> PointResult:
@@ -345,7 +360,7 @@ async def run_sweep(
     todo: list[tuple[Point, PointResult]] = []
     for point in points:
         fp = fingerprint(settings, point, corpus_sha256=corpus.sha256, vllm_version=version)
-        if fp in earlier:
+        if fp in earlier and _reusable(earlier[fp], prune=settings.estimate.prune):
             reused = earlier[fp].model_copy(update={"id": point.id, "config": point.config})
             ctx.results.points.append(reused)
             continue

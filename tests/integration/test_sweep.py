@@ -23,8 +23,8 @@ FAKE_VLLM = ROOT / "tests" / "fakes" / "fake_vllm.py"
 
 
 def write_corpus(path: Path, n: int = 60) -> Path:
-    # ~25 fake tokens of prompt + 10 of output: one 128-token block per request.
-    lines = [json.dumps({"id": f"q{i}", "prompt": f"question {i}: " + "how many GPUs " * 6, "max_tokens": 10}) for i in range(n)]
+    # ~25 fake tokens of prompt + 6 of output: one 128-token block per request.
+    lines = [json.dumps({"id": f"q{i}", "prompt": f"question {i}: " + "how many GPUs " * 6, "max_tokens": 6}) for i in range(n)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -32,7 +32,7 @@ def write_corpus(path: Path, n: int = 60) -> Path:
 def write_config(tmp_path: Path, *, kv_bytes: list[str], extra_env: dict | None = None, grid_env: str = "") -> Path:
     """A sweep of the fake vLLM; its model name is unique, so the processes of this sweep can be told apart."""
     corpus = write_corpus(tmp_path / "corpus.jsonl")
-    env = {"FAKE_VLLM_ITL_S": "0.01", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005", **(extra_env or {})}
+    env = {"FAKE_VLLM_ITL_S": "0.04", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005", **(extra_env or {})}
     env_toml = ", ".join(f'{k} = "{v}"' for k, v in env.items())
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(
@@ -60,8 +60,8 @@ max_window_s = 60
 request_timeout_s = 30
 
 [slo]
-# ITL at concurrency C is about 10 ms x (1 + 0.5 C): 30 ms at 4, 35 at 5, 40 at 6.
-itl_p50_ms = 37.5
+# ITL at concurrency C is about 40 ms x (1 + 0.5 C): 120 ms at 4, 140 at 5, 160 at 6.
+itl_p50_ms = 150
 error_rate = 0
 max_preemptions = 0
 headroom = 0.2
@@ -173,5 +173,37 @@ def test_interrupted_sweep_keeps_finished_points_and_resume_reruns_only_the_rest
     assert [p.status for p in resumed.points] == ["infeasible", "ok", "ok"]
 
     # A changed SLO changes every fingerprint: nothing is reused.
-    cfg.write_text(cfg.read_text().replace("itl_p50_ms = 37.5", "itl_p50_ms = 42.5"))
+    cfg.write_text(cfg.read_text().replace("itl_p50_ms = 150", "itl_p50_ms = 170"))
     assert main(["sweep", "--config", str(cfg), "--output", str(out), "--resume", "--dry-run"]) == 0
+
+
+@pytest.mark.timeout(300)
+def test_sigkilled_server_fails_its_point_and_the_next_point_runs(tmp_path):
+    cfg = write_config(tmp_path, kv_bytes=["4M", "8M"])
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner", "sweep", "--config", str(cfg), "--output", str(out)],
+        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            first = json.loads((out / "sweep.json").read_text())["points"][0]
+        except (FileNotFoundError, json.JSONDecodeError, IndexError, KeyError):
+            first = None
+        if first and first["status"] == "running" and first["steps"]:
+            break
+        time.sleep(0.2)
+    model = tomllib.loads(cfg.read_text())["server"]["model"]
+    pids = subprocess.run(["pgrep", "-f", f"fake_vllm.py --model {model}"], capture_output=True, text=True).stdout.split()
+    assert pids, "the first point's server is not running"
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+    assert proc.wait(timeout=180) == 0
+    results = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    killed, survivor = results.points
+    assert killed.status == "failed" and killed.failure.kind == "server_died"
+    assert killed.failure.exit_code == -signal.SIGKILL
+    assert killed.steps, "the steps finished before the kill are kept"
+    assert survivor.status == "ok" and survivor.max_passing_concurrency == 5
+    assert fake_vllm_processes(cfg) == []

@@ -177,3 +177,37 @@ def test_cpu_demo_grid_has_the_promised_points():
     assert "--enforce-eager" in settings.server.args
     assert len(settings.grid.extra["kv_cache_memory_bytes"]) >= 2
     assert settings.prompts.endswith("prompts/prod.jsonl")
+
+
+def test_api_key_in_server_args_is_redacted_in_saved_settings_and_dry_run(tmp_path, capsys):
+    from planner.cli import main
+
+    path = write(tmp_path, BASE.replace('args = ["--enforce-eager"]', 'args = ["--enforce-eager", "--api-key", "SECRET123"]'))
+    saved = public_settings(load_settings(path))
+    assert "SECRET123" not in repr(saved)
+    assert main(["sweep", "--config", str(path), "--dry-run"]) == 0
+    assert "SECRET123" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", ['["--tensor-parallel-size", "2"]', '["-tp", "2"]', '["--pipeline-parallel-size=2"]'])
+def test_parallelism_belongs_in_the_grid_so_gpus_are_counted(tmp_path, args):
+    with pytest.raises(ConfigError, match=r"decides how many GPUs a point takes; set it in \[grid\]"):
+        load_settings(write(tmp_path, BASE.replace('args = ["--enforce-eager"]', f"args = {args}")))
+
+
+def test_sweep_replay_table_rejects_planned_loads(tmp_path):
+    with pytest.raises(ConfigError, match=r"\[replay\] concurrency, find_max: a sweep searches every point itself"):
+        load_settings(write(tmp_path, BASE.replace("min_requests = 50", "min_requests = 50\nconcurrency = [4]\nfind_max = true")))
+
+
+def test_resume_keeps_pruned_points_only_while_pruning():
+    from planner.sweep.results import Failure, PointResult
+    from planner.sweep.run import _reusable
+
+    pruned = PointResult(id="p", config={}, command=[], status="predicted_infeasible", fingerprint="f",
+                         failure=Failure(kind="predicted_infeasible", message="m"))
+    assert _reusable(pruned, prune=True) and not _reusable(pruned, prune=False)
+    no_gpus = pruned.model_copy(update={"status": "infeasible", "failure": Failure(kind="world_size_too_large", message="m")})
+    assert not _reusable(no_gpus, prune=True)
+    refused_by_vllm = no_gpus.model_copy(update={"command": ["vllm", "serve"]})
+    assert _reusable(refused_by_vllm, prune=True)
