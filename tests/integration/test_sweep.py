@@ -60,8 +60,9 @@ max_window_s = 60
 request_timeout_s = 30
 
 [slo]
-# ITL at concurrency C is about 40 ms x (1 + 0.5 C): 120 ms at 4, 140 at 5, 160 at 6.
-itl_p50_ms = 150
+# ITL at concurrency C is about 40 ms x (1 + 0.5 C): 120 ms at 4, 140 at 5, 160 at 6. TPOT (a
+# request's mean gap) is the SLO: a starved server sends tokens in bursts, which skews a median gap.
+tpot_p50_ms = 150
 error_rate = 0
 max_preemptions = 0
 headroom = 0.2
@@ -100,7 +101,7 @@ def test_sweep_finds_the_known_answer_and_classifies_the_infeasible_point(tmp_pa
     assert big.concurrency_upper_bound >= 100
     assert big.max_passing_concurrency == 5
     assert big.min_failing_concurrency == 6
-    assert big.binding_constraint == "itl_p50_ms"
+    assert big.binding_constraint == "tpot_p50_ms"
     assert big.safe_concurrency == 4  # floor(5 x 0.8)
     assert big.safe_concurrency_per_gpu == 4
     assert big.output_tokens_per_s_per_gpu > 0
@@ -173,7 +174,7 @@ def test_interrupted_sweep_keeps_finished_points_and_resume_reruns_only_the_rest
     assert [p.status for p in resumed.points] == ["infeasible", "ok", "ok"]
 
     # A changed SLO changes every fingerprint: nothing is reused.
-    cfg.write_text(cfg.read_text().replace("itl_p50_ms = 150", "itl_p50_ms = 170"))
+    cfg.write_text(cfg.read_text().replace("tpot_p50_ms = 150", "tpot_p50_ms = 170"))
     assert main(["sweep", "--config", str(cfg), "--output", str(out), "--resume", "--dry-run"]) == 0
 
 
