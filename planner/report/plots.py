@@ -83,6 +83,14 @@ def _mark_safe(ax: Axes, p: PointView) -> None:
         ax.axvline(p.safe, color=SAFE_COLOR, linestyle="--", linewidth=1.5, label=f"safe concurrency ({p.safe})")
 
 
+PANEL_TITLES = {
+    "ttft": "Time to first token",
+    "itl": "Inter-token latency",
+    "tpot": "Time per output token",
+    "e2e": "End-to-end latency",
+}
+
+
 def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, stats: Sequence[str]) -> None:
     styles = {"p50": ("-", "o", 1.0), "p99": ("-", "s", 1.0), "p90": (":", "^", 0.8)}
     for stat in stats:
@@ -116,16 +124,29 @@ def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, s
     if len(all_y) and all_y.min() > 0 and all_y.max() / all_y.min() > 30:
         ax.set_yscale("log")
     _load_axis(ax, [s.load.value for s in p.steps], p.load_mode)
-    _style(ax, f"{'Time to first token' if metric == 'ttft' else 'Inter-token latency'}",
-           LOAD_AXIS_LABELS[p.load_mode], f"{metric.upper()} (ms)")
+    _style(ax, PANEL_TITLES[metric], LOAD_AXIS_LABELS[p.load_mode], f"{metric.upper()} (ms)")
     ax.legend(fontsize=8, loc="upper left")
 
 
+def _panel_stats(metric: str, slo: dict[str, float]) -> tuple[str, ...]:
+    """p50 and p99, plus any other statistic an SLO bounds for this metric."""
+    bounded = {k.split("_")[1] for k in slo if k.startswith(f"{metric}_") and k.endswith("_ms")}
+    order = ("mean", "p50", "p90", "p95", "p99", "max")
+    return tuple(st for st in order if st in bounded | {"p50", "p99"})
+
+
 def latency_plot(p: PointView, slo: dict[str, float], path: Path, title: str) -> Path:
-    fig = _new_figure(12, 4.6)
-    left, right = fig.subplots(1, 2)
-    _latency_panel(left, p, slo, "ttft", ("p50", "p99"))
-    _latency_panel(right, p, slo, "itl", ("p50", "p99"))
+    # TTFT and ITL always; TPOT and end-to-end latency too when an SLO bounds them, so the SLO
+    # that bound the answer is always on the page.
+    metrics = ["ttft", "itl"] + [m for m in ("tpot", "e2e") if any(k.startswith(f"{m}_") for k in slo)]
+    rows = 1 if len(metrics) <= 2 else 2
+    cols = 2
+    fig = _new_figure(12, 4.6 * rows)
+    axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+    for ax in axes[len(metrics):]:
+        ax.set_visible(False)
+    for ax, metric in zip(axes, metrics):
+        _latency_panel(ax, p, slo, metric, _panel_stats(metric, slo))
     fig.suptitle(title, fontsize=13)
     return _save(fig, path)
 
