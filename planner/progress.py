@@ -46,6 +46,13 @@ class StepProgress:
     def set_prefix(self, prefix: str) -> None:
         self._prefix = prefix
 
+    # The sweep's point events: each step's line starts with the point it belongs to.
+    def point_started(self, point_id: str, config: dict, model: str) -> None:
+        self.set_prefix(f"{point_id}  ")
+
+    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
+        self.set_prefix("")
+
     def step_started(self, load: LoadSpec) -> None:
         self._inflight = 0
         self._ttft_ms = []

@@ -89,14 +89,13 @@ def run(args: argparse.Namespace) -> int:
         exporter.start(host=args.metrics_host, port=args.metrics_port)
     try:
         with StepProgress(settings.replay.min_requests) as progress:
-            progress_obs = _PointPrefix(progress)
             results = asyncio.run(
                 run_sweep(
                     settings,
                     corpus,
                     output_dir=args.output,
                     resume=args.resume,
-                    observers=[o for o in (progress_obs, exporter) if o is not None],
+                    observers=[o for o in (progress, exporter) if o is not None],
                     predict=predictor(settings),
                 )
             )
@@ -110,27 +109,3 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}")
     return 0
 
-
-class _PointPrefix:
-    """Puts the point id in front of each progress line."""
-
-    def __init__(self, progress: StepProgress) -> None:
-        self._progress = progress
-
-    def point_started(self, point_id: str, config: dict, model: str) -> None:
-        self._progress.set_prefix(f"{point_id}  ")
-
-    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
-        self._progress.set_prefix("")
-
-    def step_started(self, load) -> None:
-        self._progress.step_started(load)
-
-    def request_sent(self) -> None:
-        self._progress.request_sent()
-
-    def request_finished(self, record, *, measured: bool) -> None:
-        self._progress.request_finished(record, measured=measured)
-
-    def step_finished(self, step) -> None:
-        self._progress.step_finished(step)

@@ -47,7 +47,6 @@ class SweepContext:
     corpus: Corpus
     output_dir: Path
     results: SweepResults
-    vllm_version: str | None
     observers: list = field(default_factory=list)
     gpu_inventory: list[gpu_mod.Gpu] = field(default_factory=list)
     # Token counts depend only on the model's tokenizer: measured once, shared by every point.
@@ -301,7 +300,7 @@ def _reusable(earlier: PointResult, *, prune: bool) -> bool:
     return not (earlier.failure is not None and earlier.failure.kind == "world_size_too_large" and not earlier.command)
 
 
-def _new_result(ctx: SweepContext, point: Point, fp: str) -> PointResult:
+def _new_result(point: Point, fp: str) -> PointResult:
     return PointResult(
         id=point.id,
         config=point.config,
@@ -353,7 +352,6 @@ async def run_sweep(
         corpus=corpus,
         output_dir=output_dir,
         results=SweepResults(started_at=_now(), settings=saved),
-        vllm_version=version,
         observers=list(observers or []),
         gpu_inventory=inventory,
     )
@@ -364,7 +362,7 @@ async def run_sweep(
             reused = earlier[fp].model_copy(update={"id": point.id, "config": point.config})
             ctx.results.points.append(reused)
             continue
-        result = _new_result(ctx, point, fp)
+        result = _new_result(point, fp)
         ctx.results.points.append(result)
         if inventory and point.gpus > len(inventory):
             result.status, result.failure = "infeasible", _too_many_gpus(point, len(inventory))
