@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from planner import __version__
 from planner.errors import PlannerError
+from planner.interrupt import EXIT_STATUS as SIGTERM_EXIT_STATUS, Terminated
 from replay.errors import ReplayError
 
 COMMANDS: tuple[str, ...] = ("replay", "report", "sweep", "prompts", "estimate")  # each command module adds its name here when it lands
@@ -48,3 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"planner {args.command}: interrupted; results measured so far are kept", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"planner {args.command}: terminated (SIGTERM); results measured so far are kept", file=sys.stderr)
+        return SIGTERM_EXIT_STATUS

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 
 from rich.console import Console
 
 from planner.cliargs import build, comma_list, env_default
+from planner import interrupt
 from planner.progress import StepProgress
 from planner.report import write_report
 from planner.tables import stdout_console, replay_summary, steps_table
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         exporter.start(host=args.metrics_host, port=args.metrics_port)
     try:
         with StepProgress(settings.min_requests) as progress:
-            results = asyncio.run(
+            results = interrupt.run(
                 run_replay(
                     url=args.url.rstrip("/"),
                     corpus=corpus,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shlex
 from pathlib import Path
 
 
 from planner.launcher import VllmServer
+from planner import interrupt
 from planner.progress import StepProgress
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         exporter.start(host=args.metrics_host, port=args.metrics_port)
     try:
         with StepProgress(settings.replay.min_requests) as progress:
-            results = asyncio.run(
+            results = interrupt.run(
                 run_sweep(
                     settings,
                     corpus,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -385,11 +384,6 @@ async def run_sweep(
         todo.append((point, result))
     ctx.save()
 
-    loop = asyncio.get_running_loop()
-    main = asyncio.current_task()
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        # SIGTERM stops a sweep as Ctrl-C does: servers stopped, finished points kept.
-        loop.add_signal_handler(signal.SIGTERM, main.cancel)
     try:
         waves = gpu_mod.plan_placement([p.gpus for p, _ in todo], [g.index for g in inventory])
         if settings.server.port:
@@ -405,8 +399,6 @@ async def run_sweep(
         ctx.results.interrupted = True
         raise
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
         ctx.results.best = choose_best(ctx.results.points)
         ctx.save()
     return ctx.results

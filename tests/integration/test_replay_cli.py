@@ -74,7 +74,14 @@ def test_bad_corpus_line_names_file_and_line(tmp_path, capsys):
 
 
 @pytest.mark.timeout(240)
-def test_ctrl_c_keeps_the_finished_steps(tmp_path, spawn_fake_server):
+@pytest.mark.parametrize(
+    ("sig", "status", "message"),
+    [
+        (signal.SIGINT, 130, "planner replay: interrupted; results measured so far are kept"),
+        (signal.SIGTERM, 143, "planner replay: terminated (SIGTERM); results measured so far are kept"),
+    ],
+)
+def test_ctrl_c_or_sigterm_keeps_the_finished_steps(tmp_path, spawn_fake_server, sig, status, message):
     url = spawn_fake_server("--itl-s", "0.01", "--ttft-s", "0.005")
     out = tmp_path / "out"
     proc = subprocess.Popen(
@@ -90,10 +97,12 @@ def test_ctrl_c_keeps_the_finished_steps(tmp_path, spawn_fake_server):
         except (FileNotFoundError, json.JSONDecodeError):
             pass
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    assert b"results measured so far are kept" in err
+    assert proc.returncode == status
+    # Progress lines go to stderr too; the stop itself is one line at the end, with no traceback.
+    assert err.decode().splitlines()[-1] == message
+    assert b"Traceback" not in err and b"Error" not in err
     results = ReplayResults.model_validate_json((out / "replay.json").read_text())
     assert results.interrupted
     assert 2 <= len(results.steps) < 8

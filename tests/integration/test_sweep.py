@@ -139,17 +139,17 @@ def test_server_killed_mid_step_fails_the_point_and_the_sweep_goes_on(tmp_path):
     assert fake_vllm_processes(cfg) == []
 
 
-@pytest.mark.timeout(300)
-def test_interrupted_sweep_keeps_finished_points_and_resume_reruns_only_the_rest(tmp_path):
+def interrupt_sweep_mid_point(tmp_path: Path, sig: signal.Signals) -> tuple[Path, Path, int, str]:
+    """Starts a three-point sweep, sends `sig` once the second point has measured a step; returns
+    (config, output folder, exit status, stderr)."""
     cfg = write_config(tmp_path, kv_bytes=["64K", "4M", "8M"])
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "planner", "sweep", "--config", str(cfg), "--output", str(out)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     deadline = time.monotonic() + 120
-    # Wait until the second point has measured a step, then Ctrl-C the planner.
     while time.monotonic() < deadline:
         try:
             data = json.loads((out / "sweep.json").read_text())
@@ -158,15 +158,41 @@ def test_interrupted_sweep_keeps_finished_points_and_resume_reruns_only_the_rest
         if data and len(data["points"]) == 3 and data["points"][1]["steps"]:
             break
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
-    assert fake_vllm_processes(cfg) == []
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return cfg, out, proc.returncode, err
+
+
+def assert_interrupted_mid_second_point(out: Path) -> SweepResults:
     interrupted = SweepResults.model_validate_json((out / "sweep.json").read_text())
     assert interrupted.interrupted
     assert interrupted.points[0].status == "infeasible"
     assert interrupted.points[1].status == "failed" and interrupted.points[1].failure.kind == "interrupted"
     assert interrupted.points[1].steps, "what was measured before the interrupt is kept"
     assert interrupted.points[2].status == "pending"
+    return interrupted
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_ends_a_sweep_as_ctrl_c_does(tmp_path):
+    # As `timeout`, systemd, Kubernetes and CI runners stop a process.
+    cfg, out, status, err = interrupt_sweep_mid_point(tmp_path, signal.SIGTERM)
+    assert status == 143
+    # Progress lines go to stderr too; the stop itself is one line at the end, with no traceback.
+    assert err.splitlines()[-1] == "planner sweep: terminated (SIGTERM); results measured so far are kept"
+    assert "Traceback" not in err and "Error" not in err
+    assert fake_vllm_processes(cfg) == []
+    assert_interrupted_mid_second_point(out)
+
+
+@pytest.mark.timeout(300)
+def test_interrupted_sweep_keeps_finished_points_and_resume_reruns_only_the_rest(tmp_path):
+    cfg, out, status, err = interrupt_sweep_mid_point(tmp_path, signal.SIGINT)
+    assert status == 130
+    assert err.splitlines()[-1] == "planner sweep: interrupted; results measured so far are kept"
+    assert "Traceback" not in err and "Error" not in err
+    assert fake_vllm_processes(cfg) == []
+    interrupted = assert_interrupted_mid_second_point(out)
 
     assert main(["sweep", "--config", str(cfg), "--output", str(out), "--resume"]) == 0
     resumed = SweepResults.model_validate_json((out / "sweep.json").read_text())
