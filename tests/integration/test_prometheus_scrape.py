@@ -37,7 +37,7 @@ def _free_port() -> int:
 
 def test_promtool_accepts_the_docker_config() -> None:
     promtool = shutil.which("promtool")
-    assert promtool, "promtool is not installed (Debian package prometheus; .ci/run installs it)"
+    assert promtool, "promtool is not installed (Debian package prometheus; make test installs it)"
     done = subprocess.run([promtool, "check", "config", str(ROOT / "docker" / "prometheus.yml")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -56,7 +56,7 @@ def exporter() -> Iterator[PlannerMetrics]:
 def prometheus(tmp_path: Path, exporter: PlannerMetrics) -> Iterator[str]:
     """A Prometheus scraping the exporter every second; yields its base URL."""
     binary = shutil.which("prometheus")
-    assert binary, "prometheus is not installed (Debian package prometheus; .ci/run installs it)"
+    assert binary, "prometheus is not installed (Debian package prometheus; make test installs it)"
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
