@@ -85,7 +85,9 @@ class Replay:
         self.abort = asyncio.Event()
 
     async def step(self, load: Load) -> StepResult:
-        scraper = MetricsScraper(self.client.metrics_text, interval_s=self.settings.metrics_interval_s)
+        scraper = MetricsScraper(
+            self.client.metrics_text, interval_s=self.settings.metrics_interval_s, model=self.client.model
+        )
         monitor = self.step_monitor() if self.step_monitor is not None else contextlib.nullcontext()
         async with monitor:
             result = await run_step(
