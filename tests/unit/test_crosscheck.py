@@ -49,3 +49,19 @@ def test_without_server_histograms_there_is_nothing_to_compare():
     assert client.requests_finished == 10
     assert client.ttft_mean_minus_server_ms is None and client.requests_minus_server is None
     assert not client.client_or_network_latency
+
+
+def test_the_replay_summary_warns_about_client_side_latency_and_resets():
+    from planner.tables import replay_summary
+    from replay.results import ClientSummary, CorpusInfo, ReplayResults
+
+    flagged = make_step(client=ClientSummary(client_or_network_latency=True, latency_note="client added 25.0 ms"))
+    reset = make_step(server=ServerSummary(metrics_available=True, counter_reset=True, histograms_note="counters went back"))
+    results = ReplayResults(
+        started_at="t", url="u", model="m", api="completions", corpus=CorpusInfo(path="c", sha256="s", requests=1),
+        settings={}, slo={}, steps=[flagged, reset],
+    )
+    assert replay_summary(results) == [
+        "warning: c=4: client added 25.0 ms",
+        "warning: c=4: counters went back",
+    ]
