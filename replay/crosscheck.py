@@ -69,7 +69,7 @@ def cross_check(
             update["latency_note"] = (
                 f"the client's mean TTFT ({client_ttft:.1f} ms) is {diff:.1f} ms above the server's "
                 f"({server_ttft:.1f} ms), more than {limit:.1f} ms: the client side (its machine, its "
-                "event loop, the network), not the engine, added that latency"
+                "event loop, the network, vLLM's HTTP front end), not the engine, added that latency"
             )
     client_tpot, server_tpot = step.tpot_ms.mean, server.tpot_ms.mean if server.tpot_ms else None
     if client_tpot is not None and server_tpot is not None:

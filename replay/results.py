@@ -94,7 +94,8 @@ class ClientSummary(_Model):
     loop_lag_p99_ms: float | None = None
     client_limited: bool = False
     note: str | None = None
-    # Requests that finished inside the window (measured or not), to compare with the server's.
+    # Requests the client saw finish between the server's two /metrics snapshots (at the window's
+    # open and close; the window itself without them), to compare with the server's count.
     requests_finished: int | None = None
     # Client minus server (vLLM's histograms) over the same window.
     ttft_mean_minus_server_ms: float | None = None

@@ -117,12 +117,15 @@ class MetricsScraper:
         self._marks.append(asyncio.create_task(self._snapshot(label), name=f"metrics-snapshot-{label}"))
 
     async def _snapshot(self, label: str) -> None:
-        t_s = time.perf_counter()
         try:
             text = await self.fetch()
         except Exception as exc:  # as for the periodic scrapes: noted, never fatal
             self.snapshot_notes[label] = f"scraping /metrics failed: {type(exc).__name__}: {exc}"
             return
+        # Stamped when the answer arrived: a request's last chunk and the /metrics answer leave
+        # the same server and reach the same client loop, so the two keep their order. The
+        # client's count of finished requests is taken between these two stamps.
+        t_s = time.perf_counter()
         if text is None:
             self.snapshot_notes[label] = "the server has no /metrics endpoint"
             return

@@ -181,11 +181,15 @@ async def run_step(
     )
     send_lags: list[float] = []
     loop_lags: list[float] = []
+    # When every request of the step finished (warm-up and drain included), to count the
+    # client's finished requests between the server's two snapshots.
+    finish_times: list[float] = []
     inflight: set[asyncio.Task] = set()
 
     async def one(req, scheduled_s: float | None) -> None:
         obs.request_sent()
         rec = await client.send(req, scheduled_s=scheduled_s)
+        finish_times.append(rec.end_s)
         if scheduled_s is not None:
             send_lags.append(max(0.0, rec.send_s - scheduled_s))
         obs.request_finished(rec, measured=state.finish(rec))
@@ -285,7 +289,13 @@ async def run_step(
         server=server,
         client=client_summary(load, send_lags, loop_lags),
     )
-    result.client = cross_check(result, len(state.finished_inside))
+    snaps = scraper.snapshots if scraper is not None else {}
+    if "start" in snaps and "end" in snaps:
+        t0, t1 = snaps["start"].t_s, snaps["end"].t_s
+        client_finished = sum(1 for t in finish_times if t0 < t <= t1)
+    else:
+        client_finished = len(state.finished_inside)
+    result.client = cross_check(result, client_finished)
     if slo is not None:
         violations, unverified = slo_mod.evaluate(result, slo)
         result = result.model_copy(

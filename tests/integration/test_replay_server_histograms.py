@@ -56,10 +56,10 @@ def test_server_quantiles_land_in_the_buckets_of_the_known_law(tmp_path: Path) -
     assert server.e2e_ms.count == server.requests_finished == server.ttft_ms.count
     assert server.itl_ms.count == server.requests_finished * (TOKENS - 1)
     assert server.generation_tokens == server.requests_finished * TOKENS
-    # The server's finished requests are the client's, give or take those around the window's edges.
+    # The client counts the requests it saw finish between the two snapshots' answers: the same
+    # requests the server finished between them (a last chunk and a /metrics answer keep their order).
     client = step.client
-    assert client.requests_finished >= step.requests_ok
-    assert abs(client.requests_minus_server) <= step.requests_drained + 4
+    assert abs(client.requests_minus_server) <= 1, (client.requests_finished, server.requests_finished)
     # The client waits for the server's first token, and then for the network and its own loop.
     assert client.ttft_mean_minus_server_ms >= 0
     # Judged on each view: the server's p99 TTFT is in (20, 40] ms, within its 40 ms; its queue
