@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -70,6 +71,10 @@ def test_server_view_table_and_time_split_plot(tmp_path: Path) -> None:
     assert by_load["32"][6:8] == ["997 (>800)", "1,200"]
     assert by_load["16"][3] == "+30.0 (client side)"
     assert "- At concurrency (requests in flight) 16: the client's mean TTFT (70.0 ms)" in report
+    with (tmp_path / "summary.csv").open(newline="") as f:
+        csv_rows = {r["load_value"]: r for r in csv.DictReader(f)}
+    assert csv_rows["32.0"]["server_queue_mean_ms"] == "1200.0" and csv_rows["32.0"]["server_queue_p99_ms"] == "997.0"
+    assert csv_rows["16.0"]["client_or_network_latency"] == "True" and csv_rows["1.0"]["server_requests_finished"] == "40.0"
     slo_rows = report[report.index("## SLOs"):report.index("## Steps")]
     assert "| server_queue_p99_ms | 1000 | server |" in slo_rows and "| ttft_p99_ms | 800 | client |" in slo_rows
 
