@@ -100,6 +100,7 @@ class Replay:
                 observer=self.observer,
                 slo=self.slo,
                 abort=self.abort,
+                ttft_excess=(self.settings.client_ttft_excess_ms, self.settings.client_ttft_excess_fraction),
             )
         if self.abort.is_set():
             raise StepAborted(f"the step at {load.label()} was aborted: the server went away")

@@ -23,7 +23,7 @@ from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_off
 from replay.observer import Observers, ReplayObserver
 from replay.records import RequestRecord
 from replay.results import ClientSummary, ServerSummary, StepResult
-from replay.crosscheck import cross_check, itl_gaps_ms
+from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check, itl_gaps_ms
 from replay.server_metrics import MetricsScraper, summarize as summarize_server
 
 # Above these the client, not the server, may have been the limit: its own timing is suspect.
@@ -148,6 +148,7 @@ async def run_step(
     observer: ReplayObserver | None = None,
     slo: dict[str, float] | None = None,
     abort: asyncio.Event | None = None,
+    ttft_excess: tuple[float, float] = (TTFT_EXCESS_MS, TTFT_EXCESS_FRACTION),
 ) -> StepResult:
     """Run one step and return its result. `requests` is the corpus (trace replay needs it whole).
 
@@ -295,7 +296,7 @@ async def run_step(
         client_finished = sum(1 for t in finish_times if t0 < t <= t1)
     else:
         client_finished = len(state.finished_inside)
-    result.client = cross_check(result, client_finished)
+    result.client = cross_check(result, client_finished, excess_ms=ttft_excess[0], excess_fraction=ttft_excess[1])
     if slo is not None:
         violations, unverified = slo_mod.evaluate(result, slo)
         result = result.model_copy(

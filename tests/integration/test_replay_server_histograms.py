@@ -29,8 +29,10 @@ def _corpus(path: Path) -> Path:
     return path
 
 
-def _replay(tmp_path: Path, behavior: Behavior, slo: dict[str, float]) -> ReplayResults:
-    settings = ReplaySettings(concurrency=[4], warmup_requests=4, min_requests=40, metrics_interval_s=0.25)
+def _replay(tmp_path: Path, behavior: Behavior, slo: dict[str, float], **settings_over) -> ReplayResults:
+    settings = ReplaySettings(
+        concurrency=[4], warmup_requests=4, min_requests=40, metrics_interval_s=0.25, **settings_over
+    )
 
     async def main() -> ReplayResults:
         async with FakeServer(behavior) as srv:
@@ -74,3 +76,15 @@ def test_server_without_metrics_leaves_server_slos_unverified(tmp_path: Path) ->
     assert step.server.ttft_ms is None and step.server.histograms_note == "the server has no /metrics endpoint"
     assert step.slo_pass and step.slo_unverified == ["server_ttft_p99_ms"]
     assert step.client.ttft_mean_minus_server_ms is None and not step.client.client_or_network_latency
+
+
+@pytest.mark.timeout(120)
+def test_a_zero_threshold_flags_any_latency_the_client_side_added(tmp_path: Path) -> None:
+    # The client's TTFT includes the HTTP round trip the server's does not: with no margin at
+    # all, the step is flagged, and the note carries the figures.
+    (step,) = _replay(
+        tmp_path, Behavior(ttft_s=0.01, itl_s=0.002), {}, client_ttft_excess_ms=0.0, client_ttft_excess_fraction=0.0
+    ).steps
+    assert step.client.ttft_mean_minus_server_ms > 0
+    assert step.client.client_or_network_latency
+    assert f"{step.client.ttft_mean_minus_server_ms:.1f} ms above the server's" in step.client.latency_note
