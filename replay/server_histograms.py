@@ -93,7 +93,7 @@ def parse_snapshot(text: str, t_s: float, model: str | None = None) -> Snapshot:
     text carries several `model_name` labels, `model` picks one; without a match the figures are
     left out with a note. Raises ValueError when the text is not Prometheus text.
     """
-    # family -> model label -> (kind, key, samples)
+    # family name -> model_name label -> its samples
     found: dict[str, dict[str | None, list]] = {}
     kinds: dict[str, tuple[str, str]] = {}
     for family in text_string_to_metric_families(text):
@@ -121,22 +121,19 @@ def parse_snapshot(text: str, t_s: float, model: str | None = None) -> Snapshot:
             note=f"/metrics has several models ({', '.join(str(m) for m in models)}) and none is the served one ({model})",
         )
 
-    histograms: dict[str, Histogram] = {}
+    def samples_of(names: tuple[str, ...]) -> list | None:
+        # The first name of the table that the server exports wins (the new ITL name over the old).
+        return next((found[n][chosen] for n in names if found.get(n, {}).get(chosen)), None)
+
     counters: dict[str, float] = {}
-    created: list[float] = []
-    for name, per_model in found.items():
-        samples = per_model.get(chosen)
-        if not samples:
-            continue
-        kind, key = kinds[name]
-        if kind == "created":
-            created += [s.value for s in samples]
-            continue
-        # The first name in the table wins when a server exports both an old and a new one.
-        if key in histograms or key in counters:
-            continue
-        if kind == "counter":
+    for key, names in COUNTERS.items():
+        samples = samples_of(names)
+        if samples is not None:
             counters[key] = sum(s.value for s in samples if s.name.endswith("_total"))
+    histograms: dict[str, Histogram] = {}
+    for key, names in HISTOGRAMS.items():
+        samples = samples_of(names)
+        if samples is None:
             continue
         buckets: dict[float, float] = {}
         total_sum = total_count = 0.0
@@ -152,6 +149,7 @@ def parse_snapshot(text: str, t_s: float, model: str | None = None) -> Snapshot:
         if not bounds or not math.isinf(bounds[-1]):
             continue  # not a usable histogram (no +Inf bucket): as if absent
         histograms[key] = Histogram(bounds, tuple(buckets[b] for b in bounds), total_sum, total_count)
+    created = [s.value for name, per_model in found.items() if kinds[name][0] == "created" for s in per_model.get(chosen, [])]
     return Snapshot(t_s, histograms, counters, min(created) if created else None, chosen)
 
 

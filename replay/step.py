@@ -19,11 +19,11 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from replay import stats
+from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check, itl_gaps_ms
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
 from replay.observer import Observers, ReplayObserver
 from replay.records import RequestRecord
 from replay.results import ClientSummary, ServerSummary, StepResult
-from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check, itl_gaps_ms
 from replay.server_metrics import MetricsScraper, summarize as summarize_server
 
 # Above these the client, not the server, may have been the limit: its own timing is suspect.

@@ -105,6 +105,13 @@ def test_older_itl_name_and_partial_histograms():
     assert "no vLLM histogram at /metrics for ttft, tpot, e2e, queue, prefill, decode" == figures.note
 
 
+def test_the_current_itl_name_wins_over_the_older_one_wherever_it_comes():
+    text = _hist("vllm:time_per_output_token_seconds", 'model_name="m"', (5, 5, 5), 0.01) + _hist(
+        "vllm:inter_token_latency_seconds", 'model_name="m"', (0, 7, 7), 0.1
+    )
+    assert parse_snapshot(text, 0.0, "m").histograms["itl"].count == 7
+
+
 def test_several_models_pick_the_served_one_and_engines_add_up():
     name = "vllm:time_to_first_token_seconds"
     text = (
