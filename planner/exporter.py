@@ -6,8 +6,10 @@ replay observer (replay/observer.py) and the sweep also tells it which point is 
 every series carries that point's id in the `point` label (a plain replay's is "replay").
 
 Histograms count only measured requests, so their quantiles agree with replay.json's step
-figures; planner_requests_total counts every finished request, warm-up included, since that is
-the traffic the server saw.
+figures (chunk gaps below the clock's resolution, bursts, are counted apart and not observed as
+ITL, as in the step figures); planner_requests_total counts every finished request, warm-up
+included, since that is the traffic the server saw. The TTFT, ITL, TPOT and e2e histograms sit
+beside vLLM's own on the dashboard.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from planner.errors import ConfigError
+from replay.crosscheck import CLOCK_RESOLUTION_S
 from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
 
@@ -60,6 +63,14 @@ class PlannerMetrics:
         self.itl = Histogram(
             "planner_itl_seconds", "Gaps between consecutive content chunks of measured requests", ["point"],
             buckets=TOKEN_BUCKETS_S, registry=r,
+        )
+        self.tpot = Histogram(
+            "planner_tpot_seconds", "Time per output token after the first, per measured request", ["point"],
+            buckets=TOKEN_BUCKETS_S, registry=r,
+        )
+        self.itl_burst_gaps = Counter(
+            "planner_itl_burst_gaps", "Chunk gaps below the clock's resolution (chunks read together), not observed as ITL",
+            ["point"], registry=r,
         )
         self.e2e = Histogram(
             "planner_e2e_seconds", "End-to-end latency of measured requests", ["point"], buckets=REQUEST_BUCKETS_S, registry=r
@@ -164,8 +175,17 @@ class PlannerMetrics:
             self.ttft.labels(point=point).observe(record.ttft_s)
         itl = self.itl.labels(point=point)
         times = record.token_times_s
+        bursts = 0
         for earlier, later in zip(times, times[1:]):
-            itl.observe(later - earlier)
+            if later - earlier < CLOCK_RESOLUTION_S:
+                bursts += 1
+            else:
+                itl.observe(later - earlier)
+        if bursts:
+            self.itl_burst_gaps.labels(point=point).inc(bursts)
+        tokens = record.completion_tokens if record.completion_tokens is not None else len(times)
+        if record.first_token_s is not None and tokens > 1:
+            self.tpot.labels(point=point).observe((record.end_s - record.first_token_s) / (tokens - 1))
         self.e2e.labels(point=point).observe(record.e2e_s)
 
     def step_finished(self, step: StepResult) -> None:

@@ -74,6 +74,10 @@ def replay_summary(results: ReplayResults) -> list[str]:
     for s in results.steps:
         if s.client.client_limited:
             lines.append(f"warning: {load_label(s)}: {s.client.note}")
+        if s.client.client_or_network_latency:
+            lines.append(f"warning: {load_label(s)}: {s.client.latency_note}")
+        if s.server.counter_reset:
+            lines.append(f"warning: {load_label(s)}: {s.server.histograms_note}")
         if not s.server.metrics_available:
             lines.append(f"note: {load_label(s)}: no server metrics ({s.server.metrics_note})")
             break

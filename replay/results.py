@@ -40,6 +40,26 @@ class LoadSpec(_Model):
     seed: int | None = None
 
 
+class ServerLatency(_Model):
+    """One of vLLM's latency histograms over the window (its delta), in milliseconds.
+
+    Quantiles use PromQL's histogram_quantile interpolation; `<q>_bucket_ms` is the bucket
+    [lower, upper] each fell in (upper null: above the highest finite bucket), the figure's
+    resolution. `count` is the number of observations in the window.
+    """
+
+    count: float = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p50_bucket_ms: tuple[float, float | None] | None = None
+    p90_bucket_ms: tuple[float, float | None] | None = None
+    p95_bucket_ms: tuple[float, float | None] | None = None
+    p99_bucket_ms: tuple[float, float | None] | None = None
+
+
 class ServerSummary(_Model):
     metrics_available: bool = False
     # Why metrics are missing, when they are ("no vllm:* metrics at /metrics", "HTTP 404", ...).
@@ -49,6 +69,22 @@ class ServerSummary(_Model):
     preemptions: float | None = None
     running_peak: float | None = None
     waiting_peak: float | None = None
+    # vLLM's own latency histograms over the window (null: not exported, or counters reset).
+    ttft_ms: ServerLatency | None = None
+    itl_ms: ServerLatency | None = None
+    tpot_ms: ServerLatency | None = None
+    e2e_ms: ServerLatency | None = None
+    queue_ms: ServerLatency | None = None
+    prefill_ms: ServerLatency | None = None
+    decode_ms: ServerLatency | None = None
+    # Counter deltas over the window.
+    requests_finished: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    # A counter went back between the window's snapshots (a restarted server).
+    counter_reset: bool = False
+    # Why some or all histogram figures are missing.
+    histograms_note: str | None = None
 
 
 class ClientSummary(_Model):
@@ -58,6 +94,20 @@ class ClientSummary(_Model):
     loop_lag_p99_ms: float | None = None
     client_limited: bool = False
     note: str | None = None
+    # Requests the client saw finish between the server's two /metrics snapshots (at the window's
+    # open and close; the window itself without them), to compare with the server's count.
+    requests_finished: int | None = None
+    # Client minus server (vLLM's histograms) over the same window.
+    ttft_mean_minus_server_ms: float | None = None
+    tpot_mean_minus_server_ms: float | None = None
+    requests_minus_server: float | None = None
+    # The client's TTFT exceeds the server's by more than the threshold: the client side
+    # (its machine, its event loop, the network), not the engine, added that latency.
+    client_or_network_latency: bool = False
+    latency_note: str | None = None
+    # Chunks that arrived together (their gap below the clock's resolution): left out of ITL.
+    itl_bursts: int = 0
+    itl_burst_gaps: int = 0
 
 
 class StepResult(_Model):
@@ -87,6 +137,8 @@ class StepResult(_Model):
     slo_violations: list[str] = Field(default_factory=list)
     # SLOs that could not be checked (no vLLM metrics for max_preemptions, ...).
     slo_unverified: list[str] = Field(default_factory=list)
+    # The view each SLO was judged on: "client" (the replay's records) or "server" (vLLM's metrics).
+    slo_views: dict[str, str] = Field(default_factory=dict)
     # Filled in by planner sweep: peak used memory per GPU during the step.
     gpu_memory_peak_mib: dict[str, float] | None = None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from replay.results import ServerSummary
+from replay.server_histograms import Snapshot, parse_snapshot, window_figures
 
 # Sample names as they appear in the exposition text (counters carry their _total suffix).
 KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -101,8 +102,56 @@ class MetricsScraper:
     interval_s: float = 1.0
     samples: list[Sample] = field(default_factory=list)
     note: str | None = None
+    # The served model: picks vLLM's series when /metrics carries several model_name labels.
+    model: str | None = None
+    # Histogram snapshots taken on demand (`mark`), by label ("start", "end" of the window).
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    snapshot_notes: dict[str, str] = field(default_factory=dict)
+    _marks: list[asyncio.Task] = field(default_factory=list)
     _task: asyncio.Task | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def mark(self, label: str) -> None:
+        """Scrape now, through the same fetch as the periodic scrapes, and keep the histograms
+        under `label`; the periodic samples get this scrape too. Call from the event loop."""
+        self._marks.append(asyncio.create_task(self._snapshot(label), name=f"metrics-snapshot-{label}"))
+
+    async def _snapshot(self, label: str) -> None:
+        try:
+            text = await self.fetch()
+        except Exception as exc:  # as for the periodic scrapes: noted, never fatal
+            self.snapshot_notes[label] = f"scraping /metrics failed: {type(exc).__name__}: {exc}"
+            return
+        # Stamped when the answer arrived: a request's last chunk and the /metrics answer leave
+        # the same server and reach the same client loop, so the two keep their order. The
+        # client's count of finished requests is taken between these two stamps.
+        t_s = time.perf_counter()
+        if text is None:
+            self.snapshot_notes[label] = "the server has no /metrics endpoint"
+            return
+        try:
+            self.snapshots[label] = parse_snapshot(text, t_s, self.model)
+            sample = parse_sample(text, t_s)
+        except ValueError as exc:
+            self.snapshot_notes[label] = f"/metrics is not Prometheus text: {exc}"
+            return
+        if sample is not None:
+            self.samples.append(sample)
+            self.samples.sort(key=lambda s: s.t_s)
+
+    def window_histograms(self) -> dict[str, object]:
+        """ServerSummary fields from the "start" and "end" snapshots."""
+        start, end = self.snapshots.get("start"), self.snapshots.get("end")
+        figures = window_figures(start, end)
+        note = figures.note
+        if start is None or end is None:
+            note = self.snapshot_notes.get("start" if start is None else "end") or note
+        return {
+            **{f"{key}_ms": value for key, value in figures.latencies.items()},
+            **figures.counters,
+            "counter_reset": figures.counter_reset,
+            "histograms_note": note,
+        }
 
     async def scrape_once(self) -> None:
         try:
@@ -138,5 +187,7 @@ class MetricsScraper:
         self._stopping.set()
         if self._task is not None:
             await self._task
+        if self._marks:
+            await asyncio.gather(*self._marks)
         # One last scrape so the window's end has a sample of its own.
         await self.scrape_once()

@@ -85,7 +85,9 @@ class Replay:
         self.abort = asyncio.Event()
 
     async def step(self, load: Load) -> StepResult:
-        scraper = MetricsScraper(self.client.metrics_text, interval_s=self.settings.metrics_interval_s)
+        scraper = MetricsScraper(
+            self.client.metrics_text, interval_s=self.settings.metrics_interval_s, model=self.client.model
+        )
         monitor = self.step_monitor() if self.step_monitor is not None else contextlib.nullcontext()
         async with monitor:
             result = await run_step(
@@ -98,6 +100,7 @@ class Replay:
                 observer=self.observer,
                 slo=self.slo,
                 abort=self.abort,
+                ttft_excess=(self.settings.client_ttft_excess_ms, self.settings.client_ttft_excess_fraction),
             )
         if self.abort.is_set():
             raise StepAborted(f"the step at {load.label()} was aborted: the server went away")

@@ -31,6 +31,10 @@ class ReplaySettings(BaseModel):
     min_window_s: float = Field(default=0.0, ge=0)
     max_window_s: float = Field(default=600.0, gt=0)
     metrics_interval_s: float = Field(default=1.0, gt=0)
+    # A step is flagged client_or_network_latency when the client's mean TTFT exceeds vLLM's by
+    # more than the larger of these two (replay.crosscheck).
+    client_ttft_excess_ms: float = Field(default=10.0, ge=0)
+    client_ttft_excess_fraction: float = Field(default=0.10, ge=0)
     # The search for the highest passing concurrency.
     find_max: bool = False
     start_concurrency: int = Field(default=1, ge=1)

@@ -6,6 +6,11 @@ Latency keys are `<metric>_<stat>_ms` with metric in ttft, itl, tpot, e2e and st
 p90, p95, p99, max; each is an upper bound. `error_rate` bounds failed / (ok + failed);
 `max_preemptions` bounds the server's preemptions during the step; `kv_cache_usage_max` bounds
 the peak KV-cache usage (a 0-1 fraction); `max_waiting` bounds the peak of waiting requests.
+
+`server_<metric>_<stat>_ms` (metric in ttft, itl, tpot, e2e, queue; stat in mean, p50, p90, p95,
+p99) bounds the same figure from vLLM's own histograms over the window instead of the client's
+records; a server without them leaves the rule unverified. A step's `slo_views` names the view
+(client or server) each rule was judged on.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 SERVER_KEYS = ("max_preemptions", "kv_cache_usage_max", "max_waiting")
 OTHER_KEYS = ("error_rate",) + SERVER_KEYS
 _LATENCY_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(mean|p50|p90|p95|p99|max)_ms$")
+SERVER_LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e", "queue")
+# A histogram keeps no maximum, so there is no server_*_max_ms.
+SERVER_LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
+_SERVER_LATENCY_KEY = re.compile(r"^server_(ttft|itl|tpot|e2e|queue)_(mean|p50|p90|p95|p99)_ms$")
 
 DEFAULT_SLO: dict[str, float] = {
     "ttft_p99_ms": 800.0,
@@ -32,13 +41,21 @@ DEFAULT_SLO: dict[str, float] = {
 }
 
 VALID_KEYS_HELP = (
-    "<ttft|itl|tpot|e2e>_<mean|p50|p90|p95|p99|max>_ms, error_rate, max_preemptions, "
+    "<ttft|itl|tpot|e2e>_<mean|p50|p90|p95|p99|max>_ms, "
+    "server_<ttft|itl|tpot|e2e|queue>_<mean|p50|p90|p95|p99>_ms, error_rate, max_preemptions, "
     "kv_cache_usage_max, max_waiting"
 )
 
 
+def view(key: str) -> str:
+    """The view a rule is judged on: "server" (vLLM's histograms, its gauges) or "client"."""
+    return "server" if _SERVER_LATENCY_KEY.match(key) or key in SERVER_KEYS else "client"
+
+
 def check_key(key: str) -> None:
-    if not (_LATENCY_KEY.match(key) or key in OTHER_KEYS):
+    if re.match(r"^server_(ttft|itl|tpot|e2e|queue)_max_ms$", key):
+        raise SloSpecError(f"SLO {key!r}: vLLM's histograms keep no maximum; bound server_..._p99_ms instead")
+    if not (_LATENCY_KEY.match(key) or _SERVER_LATENCY_KEY.match(key) or key in OTHER_KEYS):
         raise SloSpecError(f"unknown SLO {key!r}; valid SLOs are {VALID_KEYS_HELP}")
 
 
@@ -74,6 +91,17 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
     violations: list[str] = []
     unverified: list[str] = []
     for key, bound in slo.items():
+        match = _SERVER_LATENCY_KEY.match(key)
+        if match:
+            metric, stat = match.groups()
+            histogram = getattr(step.server, f"{metric}_ms")
+            value = getattr(histogram, stat) if histogram is not None else None
+            if histogram is None:
+                unverified.append(key)
+            elif value is None or value > bound:
+                # Like the client's keys: no request in the window means nothing met the target.
+                violations.append(key)
+            continue
         match = _LATENCY_KEY.match(key)
         if match:
             metric, stat = match.groups()

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from replay import stats
+from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check, itl_gaps_ms
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
 from replay.observer import Observers, ReplayObserver
 from replay.records import RequestRecord
@@ -82,6 +83,7 @@ class _Window:
     settings: Window
     started_s: float
     on_close: Callable[[], None]
+    on_open: Callable[[], None] = lambda: None
     completed: int = 0
     open_s: float | None = None
     close_s: float | None = None
@@ -99,10 +101,12 @@ class _Window:
         if self.open_s is None:
             if self.completed >= self.warmup and now - self.started_s >= self.settings.warmup_s:
                 self.open_s = now
+                self.on_open()
             elif now - self.started_s >= self.settings.max_window_s:
                 # The warm-up itself never finished (a stalled server): an empty window, whose
                 # latency SLOs fail for want of any completed request.
                 self.open_s = self.close_s = now
+                self.on_open()
                 self.on_close()
             return
         elapsed = now - self.open_s
@@ -144,6 +148,7 @@ async def run_step(
     observer: ReplayObserver | None = None,
     slo: dict[str, float] | None = None,
     abort: asyncio.Event | None = None,
+    ttft_excess: tuple[float, float] = (TTFT_EXCESS_MS, TTFT_EXCESS_FRACTION),
 ) -> StepResult:
     """Run one step and return its result. `requests` is the corpus (trace replay needs it whole).
 
@@ -157,19 +162,35 @@ async def run_step(
     obs.step_started(spec)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     stop_sending = asyncio.Event()
+
+    # vLLM's histograms are snapshotted the moment the window opens and closes.
+    def window_opened() -> None:
+        if scraper is not None:
+            scraper.mark("start")
+
+    def window_closed() -> None:
+        stop_sending.set()
+        if scraper is not None:
+            scraper.mark("end")
+
     state = _Window(
         warmup=window.warmup_for(load),
         settings=window,
         started_s=time.perf_counter(),
-        on_close=stop_sending.set,
+        on_close=window_closed,
+        on_open=window_opened,
     )
     send_lags: list[float] = []
     loop_lags: list[float] = []
+    # When every request of the step finished (warm-up and drain included), to count the
+    # client's finished requests between the server's two snapshots.
+    finish_times: list[float] = []
     inflight: set[asyncio.Task] = set()
 
     async def one(req, scheduled_s: float | None) -> None:
         obs.request_sent()
         rec = await client.send(req, scheduled_s=scheduled_s)
+        finish_times.append(rec.end_s)
         if scheduled_s is not None:
             send_lags.append(max(0.0, rec.send_s - scheduled_s))
         obs.request_finished(rec, measured=state.finish(rec))
@@ -208,6 +229,8 @@ async def run_step(
             state.close_s = time.perf_counter()
             if state.open_s is None:
                 state.open_s = state.close_s
+                state.on_open()
+            state.on_close()
 
     async def clock() -> None:
         # Closes a window on time even when no request finishes (max_window_s, min_window_s).
@@ -254,6 +277,8 @@ async def run_step(
         if scraper is not None
         else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
     )
+    if scraper is not None:
+        server = server.model_copy(update=scraper.window_histograms())
     result = build_result(
         spec=spec,
         started_at=started_at,
@@ -265,10 +290,22 @@ async def run_step(
         server=server,
         client=client_summary(load, send_lags, loop_lags),
     )
+    snaps = scraper.snapshots if scraper is not None else {}
+    if "start" in snaps and "end" in snaps:
+        t0, t1 = snaps["start"].t_s, snaps["end"].t_s
+        client_finished = sum(1 for t in finish_times if t0 < t <= t1)
+    else:
+        client_finished = len(state.finished_inside)
+    result.client = cross_check(result, client_finished, excess_ms=ttft_excess[0], excess_fraction=ttft_excess[1])
     if slo is not None:
         violations, unverified = slo_mod.evaluate(result, slo)
         result = result.model_copy(
-            update={"slo_pass": not violations, "slo_violations": violations, "slo_unverified": unverified}
+            update={
+                "slo_pass": not violations,
+                "slo_violations": violations,
+                "slo_unverified": unverified,
+                "slo_views": {key: slo_mod.view(key) for key in slo},
+            }
         )
     obs.step_finished(result)
     return result
@@ -312,6 +349,8 @@ def build_result(
     duration = max(window_s, 1e-9)
     sources = {r.tokens_source for r in done_ok}
     tokens_source = "none" if not sources else (sources.pop() if len(sources) == 1 else "mixed")
+    itl_gaps, bursts, burst_gaps = itl_gaps_ms(ok)
+    client = client.model_copy(update={"itl_bursts": bursts, "itl_burst_gaps": burst_gaps})
     prompt_counts = [r.prompt_tokens for r in done_ok]
     input_tps = (
         sum(prompt_counts) / duration if done_ok and all(c is not None for c in prompt_counts) else None
@@ -330,7 +369,7 @@ def build_result(
         errors=dict(errors),
         error_samples=samples,
         ttft_ms=stats.summarize(stats.ttft_ms(ok)),
-        itl_ms=stats.summarize(stats.itl_ms(ok)),
+        itl_ms=stats.summarize(itl_gaps),
         tpot_ms=stats.summarize(stats.tpot_ms(ok)),
         e2e_ms=stats.summarize(stats.e2e_ms(ok)),
         requests_per_s=len(done_ok) / duration,

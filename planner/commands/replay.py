@@ -49,6 +49,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     req.add_argument("--max-tokens", type=int, default=None, help="output length for lines without max_tokens")
     req.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="do not send ignore_eos: true")
     req.add_argument("--request-timeout-s", type=float, default=600.0, help="per-request time-out (default 600)")
+    chk = p.add_argument_group("client against server (vLLM's histograms)")
+    chk.add_argument(
+        "--client-ttft-excess-ms", type=float, default=10.0,
+        help="flag a step when the client's mean TTFT exceeds vLLM's by more than this (default 10) ...",
+    )
+    chk.add_argument(
+        "--client-ttft-excess-fraction", type=float, default=0.10,
+        help="... or by more than this fraction of vLLM's, whichever is larger (default 0.1)",
+    )
     p.add_argument(
         "--slo",
         default=",".join(f"{k}={v:g}" for k, v in slo_mod.DEFAULT_SLO.items()),
@@ -82,6 +91,8 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
             find_max=args.find_max,
             start_concurrency=args.start_concurrency,
             max_concurrency=args.max_concurrency,
+            client_ttft_excess_ms=args.client_ttft_excess_ms,
+            client_ttft_excess_fraction=args.client_ttft_excess_fraction,
         ),
         source="planner replay",
     )

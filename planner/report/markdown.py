@@ -7,7 +7,8 @@ from collections.abc import Iterable, Sequence
 from planner.report.fleet import FleetPlan
 from planner.report.suggestions import suggest
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
-from replay.results import StepResult
+from replay import slo as slo_mod
+from replay.results import ServerLatency, StepResult
 
 DASH = "-"
 
@@ -94,7 +95,9 @@ def _recommendation(data: ReportData) -> list[str]:
 def _slo_section(data: ReportData) -> list[str]:
     if not data.slo:
         return ["## SLOs", "", "No SLOs were recorded with these results.", ""]
-    return ["## SLOs", ""] + table(["SLO", "bound"], [(k, f"{v:g}") for k, v in data.slo.items()])
+    return ["## SLOs", ""] + table(
+        ["SLO", "bound", "judged on"], [(k, f"{v:g}", slo_mod.view(k)) for k, v in data.slo.items()]
+    )
 
 
 def _fleet_section(plan: FleetPlan, data: ReportData) -> list[str]:
@@ -249,6 +252,80 @@ def _steps_section(data: ReportData) -> list[str]:
     return out if len(out) > 2 else []
 
 
+def _bucketed(lat: ServerLatency | None, stat: str) -> str:
+    """A histogram quantile with the bucket it fell in: its resolution."""
+    value = getattr(lat, stat) if lat is not None else None
+    if value is None:
+        return DASH
+    bucket = getattr(lat, f"{stat}_bucket_ms")
+    if bucket is None:
+        return num(value)
+    lo, hi = bucket
+    return f"{num(value)} ({lo:g}-{hi:g})" if hi is not None else f"{num(value)} (>{lo:g})"
+
+
+def _mean(lat: ServerLatency | None) -> str:
+    return num(lat.mean) if lat is not None else DASH
+
+
+def server_rows(steps: Sequence[StepResult]) -> list[tuple[str, ...]]:
+    rows = []
+    for s in steps:
+        v, c = s.server, s.client
+        finished = DASH if v.requests_finished is None else f"{num(v.requests_finished)} / {num(c.requests_finished)}"
+        diff = c.ttft_mean_minus_server_ms
+        rows.append((
+            num(s.load.value, 2),
+            _mean(v.ttft_ms),
+            _bucketed(v.ttft_ms, "p99"),
+            DASH if diff is None else f"{diff:+.1f}" + (" (client side)" if c.client_or_network_latency else ""),
+            _bucketed(v.itl_ms, "p50"),
+            _mean(v.tpot_ms),
+            _bucketed(v.queue_ms, "p99"),
+            _mean(v.queue_ms),
+            _mean(v.prefill_ms),
+            _mean(v.decode_ms),
+            finished,
+            num(c.itl_bursts),
+        ))
+    return rows
+
+
+SERVER_HEADER = ["load", "TTFT mean ms", "TTFT p99 ms (bucket)", "client - server TTFT ms", "ITL p50 ms (bucket)",
+                 "TPOT mean ms", "queue p99 ms (bucket)", "queue mean ms", "prefill mean ms", "decode mean ms",
+                 "finished server / client", "ITL bursts"]
+
+
+def _server_section(data: ReportData) -> list[str]:
+    """vLLM's own view of each step, beside the client's of the Steps section."""
+    shown = [p for p in data.points if any(s.server.ttft_ms is not None for s in p.steps)]
+    if not shown:
+        return []
+    out = [
+        "## Server view (vLLM's histograms)",
+        "",
+        "What the engine measured for the requests of each step's window, from the difference of vLLM's "
+        "histograms between the window's start and end. Quantiles are interpolated inside vLLM's buckets "
+        "(PromQL's histogram_quantile); the bucket in brackets is their resolution. Means are exact. "
+        "A request's time splits into queue + prefill + decode. ITL bursts: chunks that reached the client "
+        "in one read, left out of the client's ITL.",
+        "",
+    ]
+    for p in shown:
+        if data.kind == "sweep":
+            out += [f"### `{p.id}`", ""]
+        out += table(SERVER_HEADER, server_rows(p.steps))
+        for s in p.steps:
+            where = f"{LOAD_AXIS_LABELS[p.load_mode].lower()} {num(s.load.value, 2)}"
+            if s.client.client_or_network_latency:
+                out.append(f"- At {where}: {s.client.latency_note}.")
+            if s.server.counter_reset or (s.server.histograms_note and s.server.metrics_available):
+                out.append(f"- At {where}: {s.server.histograms_note}.")
+        if out[-1] != "":
+            out.append("")
+    return out
+
+
 def _plots_section(plot_names: Sequence[str]) -> list[str]:
     if not plot_names:
         return []
@@ -273,5 +350,6 @@ def render(data: ReportData, plan: FleetPlan | None, plot_names: Sequence[str]) 
     lines += _failures_section(data) if data.kind == "sweep" else []
     lines += _measured_vs_estimated(data)
     lines += _steps_section(data)
+    lines += _server_section(data)
     lines += _plots_section(plot_names)
     return "\n".join(lines).rstrip() + "\n"

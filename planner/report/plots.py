@@ -299,6 +299,50 @@ def kv_tokens_plot(points: Sequence[PointView], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+PHASE_COLORS = {"queue": "#d62728", "prefill": "#ff7f0e", "decode": "#1f77b4"}
+
+
+def time_split_plot(p: PointView, path: Path, title: str) -> Path | None:
+    """Where a request's time went, by vLLM's own histograms: queue, prefill, decode (means,
+    stacked) against load, and each phase's share; None when no step has the three."""
+    steps = [
+        s for s in p.steps
+        if all(getattr(s.server, f"{k}_ms") is not None and getattr(s.server, f"{k}_ms").mean is not None
+               for k in PHASE_COLORS)
+    ]
+    if not steps:
+        return None
+    steps.sort(key=lambda s: s.load.value)
+    xs = np.asarray([s.load.value for s in steps], dtype=float)
+    phases = {k: np.asarray([getattr(s.server, f"{k}_ms").mean for s in steps]) for k in PHASE_COLORS}
+    fig = _new_figure(12, 4.8)
+    ax, share_ax = fig.subplots(1, 2)
+    ax.stackplot(xs, *phases.values(), labels=[f"{k} (server mean)" for k in phases],
+                 colors=list(PHASE_COLORS.values()), alpha=0.75)
+    ex, ey = _values(steps, lambda s: s.server.e2e_ms.mean if s.server.e2e_ms is not None else None)
+    if len(ex):
+        ax.plot(ex, ey, color="black", linestyle="--", marker="o", markersize=4, label="e2e (server mean)")
+    cx, cy = _values(steps, lambda s: s.e2e_ms.mean)
+    if len(cx):
+        ax.plot(cx, cy, color="#555555", linestyle=":", marker="s", markersize=4, label="e2e (client mean)")
+    _mark_safe(ax, p)
+    _load_axis(ax, list(xs), p.load_mode)
+    _style(ax, "Where a request's time went", LOAD_AXIS_LABELS[p.load_mode], "time per request (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="upper left")
+    total = sum(phases.values())
+    total = np.where(total > 0, total, np.nan)
+    for k, v in phases.items():
+        share_ax.plot(xs, 100 * v / total, color=PHASE_COLORS[k], marker="o", markersize=4, label=k)
+    _mark_safe(share_ax, p)
+    _load_axis(share_ax, list(xs), p.load_mode)
+    _style(share_ax, "Share of each phase", LOAD_AXIS_LABELS[p.load_mode], "share of queue + prefill + decode (%)")
+    share_ax.set_ylim(0, 100)
+    share_ax.legend(fontsize=8, loc="center left")
+    fig.suptitle(title, fontsize=13)
+    return _save(fig, path)
+
+
 def write_plots(data: ReportData, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
@@ -308,6 +352,11 @@ def write_plots(data: ReportData, out_dir: Path) -> list[Path]:
         name = "latency.png" if data.kind == "replay" else f"latency-{_file_stem(p.id)}.png"
         title = f"{data.model or 'replay'}: latency against load" if data.kind == "replay" else f"{p.id}: latency against load"
         paths.append(latency_plot(p, data.slo, out_dir / name, title))
+        split_name = "time-split.png" if data.kind == "replay" else f"time-split-{_file_stem(p.id)}.png"
+        split_title = f"{data.model or 'replay'}: queue, prefill and decode against load" if data.kind == "replay" else f"{p.id}: queue, prefill and decode against load"
+        split = time_split_plot(p, out_dir / split_name, split_title)
+        if split is not None:
+            paths.append(split)
     if measured:
         paths.append(throughput_plot(measured, out_dir / "throughput.png", colors))
         if any(s.server.kv_cache_usage_peak is not None or s.server.preemptions is not None for p in measured for s in p.steps):

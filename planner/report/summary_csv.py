@@ -15,6 +15,13 @@ STEP_COLUMNS = (
     "e2e_p50_ms", "e2e_p99_ms", "kv_cache_usage_peak", "preemptions", "running_peak", "waiting_peak",
     "slo_pass", "slo_violations",
 )
+# vLLM's own view of the step (its histograms over the window) and the client-minus-server check.
+SERVER_COLUMNS = (
+    "server_ttft_mean_ms", "server_ttft_p99_ms", "server_itl_p50_ms", "server_tpot_mean_ms",
+    "server_e2e_mean_ms", "server_queue_mean_ms", "server_queue_p99_ms", "server_prefill_mean_ms",
+    "server_decode_mean_ms", "server_requests_finished", "client_requests_finished",
+    "client_minus_server_ttft_mean_ms", "client_or_network_latency", "itl_bursts",
+)
 POINT_COLUMNS = (
     "point_id", "status", "failure_kind", "gpus", "kv_cache_tokens", "max_passing_concurrency",
     "safe_concurrency", "safe_concurrency_per_gpu",
@@ -46,6 +53,31 @@ def _step_fields(s: StepResult, gpus: int | None) -> dict[str, Any]:
     }
 
 
+def _server_fields(s: StepResult) -> dict[str, Any]:
+    v = s.server
+
+    def stat(name: str, what: str) -> float | None:
+        lat = getattr(v, f"{name}_ms")
+        return None if lat is None else getattr(lat, what)
+
+    return {
+        "server_ttft_mean_ms": stat("ttft", "mean"),
+        "server_ttft_p99_ms": stat("ttft", "p99"),
+        "server_itl_p50_ms": stat("itl", "p50"),
+        "server_tpot_mean_ms": stat("tpot", "mean"),
+        "server_e2e_mean_ms": stat("e2e", "mean"),
+        "server_queue_mean_ms": stat("queue", "mean"),
+        "server_queue_p99_ms": stat("queue", "p99"),
+        "server_prefill_mean_ms": stat("prefill", "mean"),
+        "server_decode_mean_ms": stat("decode", "mean"),
+        "server_requests_finished": v.requests_finished,
+        "client_requests_finished": s.client.requests_finished,
+        "client_minus_server_ttft_mean_ms": s.client.ttft_mean_minus_server_ms,
+        "client_or_network_latency": s.client.client_or_network_latency,
+        "itl_bursts": s.client.itl_bursts,
+    }
+
+
 def _point_fields(p: PointView) -> dict[str, Any]:
     return {
         "point_id": p.id,
@@ -61,7 +93,7 @@ def _point_fields(p: PointView) -> dict[str, Any]:
 
 def render(data: ReportData) -> str:
     config_columns = [*data.grid_axes, *data.extra_axes] if data.kind == "sweep" else []
-    columns = [*POINT_COLUMNS[:1], *config_columns, *POINT_COLUMNS[1:], *STEP_COLUMNS]
+    columns = [*POINT_COLUMNS[:1], *config_columns, *POINT_COLUMNS[1:], *STEP_COLUMNS, *SERVER_COLUMNS]
     buf = io.StringIO()
     # Empty cells, not "None", for values that were not measured, so spreadsheets read them as blank.
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
@@ -69,6 +101,6 @@ def render(data: ReportData) -> str:
     for p in data.points:
         base = _point_fields(p) | {k: p.config.get(k) for k in config_columns}
         for s in p.steps or (None,):
-            row = base | (_step_fields(s, p.gpus) if s is not None else {})
+            row = base | (_step_fields(s, p.gpus) | _server_fields(s) if s is not None else {})
             writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
     return buf.getvalue()

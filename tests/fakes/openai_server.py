@@ -27,6 +27,12 @@ Capacity model (vLLM-like and coarse, for sweeps):
   the prefill (TTFT) again, as vLLM's recompute preemption does. A preemption is counted.
 - ``itl = itl_s * (1 + itl_growth_per_running * running)``; TTFT likewise with its own factor.
 
+/metrics carries vLLM's gauges and counters and, like vLLM 0.32, its latency histograms (same
+names, buckets and labels, rendered by prometheus_client as vLLM does), observed on the server's
+clock: queue = arrival to admission, prefill = admission to the first token, TTFT = arrival to
+the first token, ITL = each token's gap, decode = first to last token, TPOT = decode / (n - 1),
+e2e = arrival to the last token. Only requests that ran to the end are observed.
+
 Fault draws (error_rate, disconnect_rate, error_event_rate) come from one ``random.Random(seed)``
 created when the server starts, so a test's sequence of faults is reproducible.
 """
@@ -45,6 +51,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 CHAT_TOKENS_PER_MESSAGE = 4
 # A few tokens reach the client before an injected disconnect or error event, as with a real
@@ -250,6 +258,55 @@ class _Capacity:
         # preempted request in front of the others), then admit() waits for room.
 
 
+# vLLM 0.32's buckets (vllm/v1/metrics/loggers.py), as its /metrics shows them.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0)
+_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                    240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class _LatencyHistograms:
+    """vLLM's per-request latency histograms, in a registry of the server's own."""
+
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("model_name", "engine")
+
+        def hist(name: str, help_: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, help_, labels, buckets=buckets, registry=self.registry)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _TOKEN_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", _TOKEN_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", _REQUEST_BUCKETS)
+        self.queue = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", _REQUEST_BUCKETS)
+        self.prefill = hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", _REQUEST_BUCKETS)
+        self.decode = hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", _REQUEST_BUCKETS)
+        self.success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.", (*labels, "finished_reason"), registry=self.registry
+        )
+        # vLLM creates its series at start-up, so /metrics shows them (at zero) before any request.
+        for h in (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prefill, self.decode):
+            h.labels(model_name=model, engine="0")
+        self.success.labels(model_name=model, engine="0", finished_reason="length")
+
+    def observe(self, model: str, arrival: float, admitted: float, token_times: list[float]) -> None:
+        first, last = token_times[0], token_times[-1]
+        lab = {"model_name": model, "engine": "0"}
+        self.queue.labels(**lab).observe(admitted - arrival)
+        self.prefill.labels(**lab).observe(first - admitted)
+        self.ttft.labels(**lab).observe(first - arrival)
+        for a, b in zip(token_times, token_times[1:]):
+            self.itl.labels(**lab).observe(b - a)
+        self.decode.labels(**lab).observe(last - first)
+        if len(token_times) > 1:
+            self.tpot.labels(**lab).observe((last - first) / (len(token_times) - 1))
+        self.e2e.labels(**lab).observe(last - arrival)
+        self.success.labels(**lab, finished_reason="length").inc()
+
+
 class FakeServer:
     def __init__(self, behavior: Behavior | None = None, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.behavior = behavior if behavior is not None else Behavior()
@@ -266,6 +323,7 @@ class FakeServer:
         self._outer: set[asyncio.Task[Any]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._counter = 0
+        self.histograms = _LatencyHistograms(self.behavior.models[0])
 
     @property
     def url(self) -> str:
@@ -485,10 +543,13 @@ class FakeServer:
 
         loop = asyncio.get_running_loop()
         capacity = self._capacity
+        arrival = loop.time()
         await capacity.admit(prompt_tokens)
+        admitted = loop.time()
         held = prompt_tokens
         running_now = True
         texts: list[str] = []
+        token_times: list[float] = []
         try:
             deadline = loop.time() + self._ttft()
             for i in range(n_tokens):
@@ -509,6 +570,7 @@ class FakeServer:
                     deadline = loop.time()
                 else:
                     held += 1
+                token_times.append(loop.time())
                 text = f" t{i}"
                 texts.append(text)
                 self.stats.generation_tokens += 1
@@ -542,6 +604,7 @@ class FakeServer:
         await writer.drain()
         if not error_event:
             self.stats.completed += 1
+            self.histograms.observe(b.models[0], arrival, admitted, token_times)
         return True
 
     def _ttft(self) -> float:
@@ -592,7 +655,7 @@ class FakeServer:
                 "# TYPE vllm:cache_config_info gauge",
                 f"vllm:cache_config_info{{{label_text}}} 1.0",
             ]
-        return "\n".join(out) + "\n"
+        return "\n".join(out) + "\n" + generate_latest(self.histograms.registry).decode()
 
 
 class _ChunkFormat:

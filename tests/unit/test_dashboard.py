@@ -144,6 +144,11 @@ def test_dashboard_covers_the_requested_panels() -> None:
         "planner_requests_total", "planner_inflight_requests", "planner_target_concurrency", "planner_ttft_seconds_bucket",
         "planner_itl_seconds_bucket", "planner_e2e_seconds_bucket", "planner_step_slo_pass", "planner_point_info",
         "planner_safe_concurrency_per_gpu",
+        # The client's histograms beside vLLM's, and where vLLM's time went.
+        "planner_tpot_seconds_bucket", "vllm:request_time_per_output_token_seconds_bucket",
+        "planner_ttft_seconds_sum", "vllm:time_to_first_token_seconds_sum", "vllm:request_queue_time_seconds_bucket",
+        "vllm:request_queue_time_seconds_sum", "vllm:request_prefill_time_seconds_sum",
+        "vllm:request_decode_time_seconds_sum", "planner_itl_burst_gaps_total",
     ):
         assert name in used, name
 

@@ -64,6 +64,19 @@ def test_observer_calls_update_the_series() -> None:
     assert value(m, "planner_steps_total", point="replay", slo_pass="false") == 1
 
 
+def test_bursts_are_counted_apart_and_tpot_is_observed() -> None:
+    m = PlannerMetrics()
+    m.step_started(LoadSpec(mode="concurrency", value=1))
+    m.request_sent()
+    # Five chunks: the 2nd and 3rd read together with the 1st (zero gaps), then two 20 ms gaps.
+    m.request_finished(record(ttft_s=0.1, gaps_s=(0.0, 0.0, 0.02, 0.02)), measured=True)
+    assert value(m, "planner_itl_burst_gaps_total", point="replay") == 2
+    assert value(m, "planner_itl_seconds_count", point="replay") == 2
+    # (end - first token) / (5 - 1) = (0.04 + 0.001) / 4.
+    assert value(m, "planner_tpot_seconds_count", point="replay") == 1
+    assert value(m, "planner_tpot_seconds_sum", point="replay") == pytest.approx(0.041 / 4)
+
+
 def test_buckets_reach_from_milliseconds_to_minutes() -> None:
     m = PlannerMetrics()
     m.request_sent()

@@ -53,3 +53,56 @@ def test_window_shorter_than_the_scrape_interval():
     samples = [Sample(0.0, 0.2, 1, 0, 0), Sample(1.0, 0.4, 2, 1, 1)]
     s = summarize(samples, 0.2, 0.4, None)
     assert s.samples == 2 and s.kv_cache_usage_peak == 0.4 and s.preemptions == 1
+
+
+def _vllm_text(name: str) -> str:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parents[1] / "fixtures" / "vllm_metrics" / f"real-0.32-cpu-{name}.txt").read_text()
+
+
+def test_marks_snapshot_the_histograms_through_the_same_fetch():
+    import asyncio
+
+    from replay.server_metrics import MetricsScraper
+
+    texts = iter([_vllm_text("idle"), _vllm_text("busy")])
+    calls = []
+
+    async def fetch():
+        calls.append(1)
+        return next(texts)
+
+    async def main():
+        scraper = MetricsScraper(fetch, model="/models/tiny-llama")
+        scraper.mark("start")
+        await asyncio.sleep(0)
+        scraper.mark("end")
+        await asyncio.gather(*scraper._marks)
+        return scraper
+
+    scraper = asyncio.run(main())
+    assert len(calls) == 2 and len(scraper.samples) == 2
+    fields = scraper.window_histograms()
+    assert fields["ttft_ms"].count == 22 and fields["requests_finished"] == 2.0
+    assert fields["histograms_note"] is None and fields["counter_reset"] is False
+
+
+def test_a_failed_snapshot_is_a_note_not_an_error():
+    import asyncio
+
+    from replay.server_metrics import MetricsScraper
+
+    async def broken():
+        raise ConnectionError("refused")
+
+    async def main():
+        scraper = MetricsScraper(broken)
+        scraper.mark("start")
+        await asyncio.gather(*scraper._marks)
+        return scraper
+
+    fields = asyncio.run(main()).window_histograms()
+    # No figures at all: the step's server latencies stay null.
+    assert not any(v is not None for k, v in fields.items() if k.endswith("_ms"))
+    assert fields["histograms_note"] == "scraping /metrics failed: ConnectionError: refused"

@@ -2,7 +2,7 @@ import pytest
 
 from replay import slo
 from replay.errors import SloSpecError
-from replay.results import ClientSummary, LatencySummary, LoadSpec, ServerSummary, StepResult
+from replay.results import ClientSummary, LatencySummary, LoadSpec, ServerLatency, ServerSummary, StepResult
 
 
 def make_step(**over) -> StepResult:
@@ -83,3 +83,38 @@ def test_server_slos_without_metrics_are_unverified_not_passed_silently():
         [],
         ["max_preemptions", "kv_cache_usage_max"],
     )
+
+
+def test_server_keys_beside_the_client_ones():
+    for metric in slo.SERVER_LATENCY_METRICS:
+        for stat in slo.SERVER_LATENCY_STATS:
+            assert slo.parse(f"server_{metric}_{stat}_ms=5") == {f"server_{metric}_{stat}_ms": 5.0}
+    with pytest.raises(SloSpecError, match="keep no maximum"):
+        slo.parse("server_ttft_max_ms=5")
+    with pytest.raises(SloSpecError, match=r"unknown SLO 'server_prefill_p99_ms'.*server_<ttft\|itl\|tpot\|e2e\|queue>"):
+        slo.parse("server_prefill_p99_ms=5")
+    with pytest.raises(SloSpecError, match="is negative"):
+        slo.parse("server_queue_p99_ms=-1")
+
+
+def test_server_keys_are_judged_on_vllm_histograms():
+    rules = {"server_ttft_p99_ms": 500, "server_queue_p99_ms": 100, "ttft_p99_ms": 800}
+    server = ServerSummary(
+        metrics_available=True,
+        ttft_ms=ServerLatency(count=10, mean=300, p99=600),
+        queue_ms=ServerLatency(count=10, mean=10, p99=50),
+    )
+    # The client's p99 (700) passes its 800; the server's (600) fails its 500.
+    assert slo.evaluate(make_step(server=server), rules) == (["server_ttft_p99_ms"], [])
+    # No request in the window: nothing met the target, as for the client's keys.
+    empty = ServerSummary(metrics_available=True, ttft_ms=ServerLatency(count=0), queue_ms=ServerLatency(count=0))
+    assert slo.evaluate(make_step(server=empty), rules)[0] == ["server_ttft_p99_ms", "server_queue_p99_ms"]
+    # A server without the histograms: unverified, never passed silently.
+    assert slo.evaluate(make_step(), rules) == ([], ["server_ttft_p99_ms", "server_queue_p99_ms"])
+    assert {k: slo.view(k) for k in [*rules, "max_preemptions", "error_rate"]} == {
+        "server_ttft_p99_ms": "server",
+        "server_queue_p99_ms": "server",
+        "ttft_p99_ms": "client",
+        "max_preemptions": "server",
+        "error_rate": "client",
+    }

@@ -211,3 +211,12 @@ def test_resume_keeps_pruned_points_only_while_pruning():
     assert not _reusable(no_gpus, prune=True)
     refused_by_vllm = no_gpus.model_copy(update={"command": ["vllm", "serve"]})
     assert _reusable(refused_by_vllm, prune=True)
+
+
+def test_server_view_slos_in_the_slo_table(tmp_path):
+    text = BASE.replace("ttft_p99_ms = 800", "ttft_p99_ms = 800\nserver_ttft_p99_ms = 500\nserver_queue_p99_ms = 250")
+    assert load_settings(write(tmp_path, text)).slo.rules() == {
+        "ttft_p99_ms": 800.0, "server_ttft_p99_ms": 500.0, "server_queue_p99_ms": 250.0,
+    }
+    with pytest.raises(ConfigError, match=r"keep no maximum"):
+        load_settings(write(tmp_path, BASE.replace("ttft_p99_ms = 800", "server_ttft_max_ms = 800")))
