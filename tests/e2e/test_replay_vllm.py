@@ -1,11 +1,11 @@
-"""Replay against real vLLM: past the KV capacity, requests wait and are preempted, and the SLO
+"""Replay against real vLLM: past the KV capacity, requests are preempted, and the SLO
 that guards against it fails; the search finds a highest passing concurrency in the range the
 KV pool predicts.
 
 The shared server has 2 MiB of KV: 64 blocks of 128 tokens, one of them the reserved null block.
 Every request here is a ~20-token prompt and 400 generated tokens (ignore_eos), so it ends up
-holding 4 blocks: about 15 requests fit at once. Beyond that vLLM queues new requests and
-preempts running ones as their outputs grow.
+holding 4 blocks: about 15 requests fit at once. Beyond that vLLM admits new requests while
+blocks are free and preempts running ones as their outputs grow.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _step(results: ReplayResults, concurrency: int) -> StepResult:
 
 
 @pytest.mark.timeout(900)
-def test_above_kv_capacity_requests_wait_and_are_preempted_and_the_guard_fails(
+def test_above_kv_capacity_requests_are_preempted_and_the_guard_fails(
     shared_server, tiny_model: TinyModel, tmp_path: Path
 ) -> None:
     fitting = _requests_fitting(tiny_model)
@@ -81,11 +81,15 @@ def test_above_kv_capacity_requests_wait_and_are_preempted_and_the_guard_fails(
 
     over = _step(results, above)
     assert over.requests_failed == 0, over.errors
-    # More requests than the pool holds: some queue, running ones are preempted as they grow.
-    assert (over.server.waiting_peak or 0) > 0
+    # More requests than the pool holds at their full length are admitted (each starts with one
+    # block), and running ones are preempted as they grow. The preemption counter is exact; the
+    # gauges are sampled, and on two loaded cores vLLM answers /metrics only every few seconds
+    # (4 samples in a whole step, seen in a fresh-clone run), so brief states (a preempted request waiting, the
+    # pool's last block taken) can fall between samples, while the lasting ones cannot.
     assert (over.server.preemptions or 0) > 0
-    # Sampled a few times a second, so the peak seen can fall just short of the full pool.
-    assert over.server.kv_cache_usage_peak is not None and over.server.kv_cache_usage_peak > 0.8
+    assert (over.server.running_peak or 0) > fitting
+    assert over.server.kv_cache_usage_peak is not None and ok.server.kv_cache_usage_peak is not None
+    assert over.server.kv_cache_usage_peak > ok.server.kv_cache_usage_peak
     assert not over.slo_pass
     assert "max_preemptions" in over.slo_violations
     # Latency is not compared between the steps: on a loaded two-core machine the first step
