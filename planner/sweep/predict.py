@@ -7,13 +7,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from planner.errors import ConfigError, EstimateError
-from planner.estimate import estimate_point
+from planner.estimate import Estimate, Verdict, estimate_point
 from planner.gpus import Gpu
 from planner.sweep.config import SweepSettings
 from planner.sweep.grid import Point, config_key
 
 MIB = 1 << 20
+
+
+class NotPredicted(BaseModel):
+    """Why a point has no estimate; sweep.json keeps it as the point's prediction ({"error": ...})."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str
 
 
 def fixed_flags(args: Sequence[str]) -> dict[str, Any]:
@@ -36,12 +46,12 @@ def fixed_flags(args: Sequence[str]) -> dict[str, Any]:
     return flags
 
 
-def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], dict[str, Any] | None]:
+def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], Estimate | NotPredicted | None]:
     base = fixed_flags(settings.server.args)
 
-    def predict(point: Point, inventory: list[Gpu]) -> dict[str, Any] | None:
+    def predict(point: Point, inventory: list[Gpu]) -> Estimate | NotPredicted | None:
         if not (Path(settings.server.model) / "config.json").exists():
-            return {"error": f"{settings.server.model} is not a local model folder with a config.json; not predicted"}
+            return NotPredicted(error=f"{settings.server.model} is not a local model folder with a config.json; not predicted")
         flags = {**base, **{k: v for k, v in point.config.items() if k != "env"}}
         gpu_bytes = None
         if inventory:
@@ -57,17 +67,16 @@ def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], dict[str,
                 gpu=None if gpu_bytes else settings.estimate.gpu,
             )
         except (EstimateError, ConfigError) as exc:
-            return {"error": str(exc)}
+            return NotPredicted(error=str(exc))
 
     return predict
 
 
-def should_skip(prediction: dict[str, Any], *, prune: bool) -> str | None:
+def should_skip(verdict: Verdict, *, prune: bool) -> str | None:
     """Why the point is not launched, or None."""
-    verdict = prediction.get("verdict") or {}
-    if prune and verdict.get("status") == "does_not_fit" and verdict.get("clear_margin"):
-        largest = verdict.get("largest_fitting_max_model_len")
+    if prune and verdict.status == "does_not_fit" and verdict.clear_margin:
+        largest = verdict.largest_fitting_max_model_len
         hint = f"; the largest max_model_len that fits is {largest}" if largest else ""
-        message = verdict.get("message")
-        return f"{verdict.get('reason')}{': ' + message if message else ''}{hint}"
+        message = verdict.message
+        return f"{verdict.reason}{': ' + message if message else ''}{hint}"
     return None

@@ -20,8 +20,8 @@ from planner.sweep.config import SweepSettings, public_settings
 from planner.sweep.grid import Point, expand, fingerprint
 from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, choose_best, output_tokens_per_s_at, safe_concurrency
 from planner.sweep.results import INFEASIBLE_KINDS, Failure, PointResult, SweepResults
-from planner.estimate import kv_tokens_relative_error
-from planner.sweep.predict import should_skip
+from planner.estimate import Estimate, kv_tokens_relative_error
+from planner.sweep.predict import NotPredicted, should_skip
 from planner.sweep.version import probe_version
 from replay.client import StreamingClient
 from replay.corpus import Corpus
@@ -334,7 +334,7 @@ async def run_sweep(
     output_dir: Path,
     resume: bool = False,
     observers: list | None = None,
-    predict: Callable[[Point, list], dict | None] | None = None,
+    predict: Callable[[Point, list], Estimate | NotPredicted | None] | None = None,
 ) -> SweepResults:
     """Run every point of the grid (or reuse it with --resume) and choose the best."""
     output_dir = Path(output_dir)
@@ -369,16 +369,16 @@ async def run_sweep(
         if predict is not None:
             prediction = predict(point, inventory)
             if prediction is not None:
-                result.prediction = prediction
-                result.kv_cache_tokens_predicted = prediction.get("kv_cache_tokens")
-                why = should_skip(prediction, prune=settings.estimate.prune)
+                result.prediction = prediction.model_dump(mode="json")
+            if isinstance(prediction, Estimate):
+                result.kv_cache_tokens_predicted = prediction.kv_cache_tokens
+                why = should_skip(prediction.verdict, prune=settings.estimate.prune)
                 if why is not None:
-                    verdict = prediction.get("verdict") or {}
                     result.status = "predicted_infeasible"
                     result.failure = Failure(
                         kind="predicted_infeasible",
                         message=why,
-                        estimated_max_model_len=verdict.get("largest_fitting_max_model_len"),
+                        estimated_max_model_len=prediction.verdict.largest_fitting_max_model_len,
                     )
                     continue
         todo.append((point, result))
