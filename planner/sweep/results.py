@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from replay.results import StepResult
 
-SCHEMA_VERSION = 1
+# 2: the run's corpus, vLLM version and GPUs moved from `settings` to `run` (RunInfo).
+SCHEMA_VERSION = 2
 
 # pending and running appear only while a sweep runs (or in the file of one that was killed).
 PointStatus = Literal["ok", "infeasible", "failed", "predicted_infeasible", "pending", "running"]
@@ -117,10 +118,39 @@ class Best(_Model):
     others: dict[str, str] = Field(default_factory=dict)
 
 
+class CorpusInfo(_Model):
+    path: str
+    sha256: str
+    requests: int
+
+
+class RunInfo(_Model):
+    """What this run found rather than what it was told: the corpus, vLLM's version, the GPUs."""
+
+    corpus: CorpusInfo | None = None
+    vllm_version: str | None = None
+    gpus_found: list[str] = Field(default_factory=list)
+
+
+# Version 1 kept RunInfo's keys inside `settings`.
+_RUN_KEYS_IN_V1_SETTINGS = ("corpus", "vllm_version", "gpus_found")
+
+
 class SweepResults(_Model):
     schema_version: int = SCHEMA_VERSION
     started_at: str
+    # The sweep settings as given (secrets replaced by "***"; see planner.sweep.config.public_settings).
     settings: dict[str, Any]
+    run: RunInfo = Field(default_factory=RunInfo)
     points: list[PointResult] = Field(default_factory=list)
     best: Best | None = None
     interrupted: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_version_1(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("schema_version") != 1 or not isinstance(data.get("settings"), dict):
+            return data
+        settings = dict(data["settings"])
+        run = {k: settings.pop(k) for k in _RUN_KEYS_IN_V1_SETTINGS if k in settings}
+        return {**data, "schema_version": SCHEMA_VERSION, "settings": settings, "run": run}

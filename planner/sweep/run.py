@@ -19,7 +19,7 @@ from planner.sweep.bound import concurrency_upper_bound, mean_blocks
 from planner.sweep.config import SweepSettings, public_settings
 from planner.sweep.grid import Point, expand, fingerprint
 from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, choose_best, output_tokens_per_s_at, safe_concurrency
-from planner.sweep.results import INFEASIBLE_KINDS, Failure, PointResult, SweepResults
+from planner.sweep.results import INFEASIBLE_KINDS, CorpusInfo, Failure, PointResult, RunInfo, SweepResults
 from planner.estimate import Estimate, kv_tokens_relative_error
 from planner.sweep.predict import NotPredicted, should_skip
 from planner.sweep.version import probe_version
@@ -342,15 +342,16 @@ async def run_sweep(
     version = await asyncio.to_thread(probe_version, settings.server.command, settings.server.env)
     inventory = gpu_mod.discover(settings.gpus.devices)
     earlier = previous_results(output_dir) if resume else {}
-    saved = public_settings(settings)
-    saved["corpus"] = {"path": str(corpus.path), "sha256": corpus.sha256, "requests": len(corpus)}
-    saved["vllm_version"] = version
-    saved["gpus_found"] = [g.index for g in inventory]
+    run = RunInfo(
+        corpus=CorpusInfo(path=str(corpus.path), sha256=corpus.sha256, requests=len(corpus)),
+        vllm_version=version,
+        gpus_found=[g.index for g in inventory],
+    )
     ctx = SweepContext(
         settings=settings,
         corpus=corpus,
         output_dir=output_dir,
-        results=SweepResults(started_at=_now(), settings=saved),
+        results=SweepResults(started_at=_now(), settings=public_settings(settings), run=run),
         observers=list(observers or []),
         gpu_inventory=inventory,
     )
