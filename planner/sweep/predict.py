@@ -3,9 +3,8 @@ clear margin are not launched."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -13,7 +12,8 @@ from planner.errors import ConfigError, EstimateError
 from planner.estimate import Estimate, Verdict, estimate_point
 from planner.gpus import Gpu
 from planner.sweep.config import SweepSettings
-from planner.sweep.grid import Point, config_key
+from planner.sweep.grid import Point
+from planner.vllm_args import fixed_flags
 
 MIB = 1 << 20
 
@@ -24,26 +24,6 @@ class NotPredicted(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     error: str
-
-
-def fixed_flags(args: Sequence[str]) -> dict[str, Any]:
-    """`[server] args` as underscore-form flags: `--max-num-seqs 8` -> {"max_num_seqs": "8"},
-    a bare `--enforce-eager` -> {"enforce_eager": True}."""
-    flags: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("--"):
-            name, eq, value = arg[2:].partition("=")
-            if eq:
-                flags[config_key(name)] = value
-            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                flags[config_key(name)] = args[i + 1]
-                i += 1
-            else:
-                flags[config_key(name)] = True
-        i += 1
-    return flags
 
 
 def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], Estimate | NotPredicted | None]:

@@ -4,7 +4,8 @@ from planner.errors import ConfigError
 from planner.sweep.config import load_settings, public_settings
 from planner.sweep.grid import expand, fingerprint
 from planner.estimate import Verdict
-from planner.sweep.predict import fixed_flags, should_skip
+from planner.sweep.predict import should_skip
+from planner.vllm_args import fixed_flags
 
 BASE = """
 prompts = "prompts/prod.jsonl"
