@@ -35,10 +35,10 @@ from typing import IO, Any
 
 import httpx
 
+from planner.capacity import Capacity, Failure
 from planner.errors import PlannerError, ServerStartError
 from planner.ports import free_port, port_is_free
 from planner.redaction import redact
-from planner.sweep.results import Capacity, Failure
 from planner.vllm_args import flag_int, has_flag, take_api_key
 from planner.vllm_log import cache_config_labels, classify_failure, merge_cache_config, parse_capacity, parse_version
 

@@ -203,7 +203,8 @@ def test_sweep_replay_table_rejects_planned_loads(tmp_path):
 
 
 def test_resume_keeps_pruned_points_only_while_pruning():
-    from planner.sweep.results import Failure, PointResult
+    from planner.capacity import Failure
+    from planner.sweep.results import PointResult
     from planner.sweep.run import _reusable
 
     pruned = PointResult(id="p", config={}, command=[], status="predicted_infeasible", fingerprint="f",
