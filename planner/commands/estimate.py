@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from planner.cliargs import build, comma_list, env_default
+
+from planner.cliargs import comma_list, env_default
 from planner.estimate.architecture import CACHE_DTYPE_HELP
 from planner.estimate.demand import corpus_request_tokens
 from planner.estimate.gpu_catalog import CATALOG
@@ -13,6 +14,7 @@ from planner.estimate.memory import WorkingMemoryModel
 from planner.estimate.fit import Verdict
 from planner.estimate.plan import DEFAULT_GPU_MEMORY_UTILIZATION, Estimate, EstimateSettings, estimate
 from planner.estimate.units import GIB, VALID_HELP
+from planner.validation import build
 
 
 def register(sub: argparse._SubParsersAction) -> None:

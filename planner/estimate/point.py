@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from planner.cliargs import build
 from planner.estimate.memory import WorkingMemoryModel
 from planner.estimate.plan import Device, Estimate, EstimateSettings, estimate
+from planner.validation import build
 
 # The point flags (underscore form, as in PointResult.config) that change the prediction.
 POINT_FLAGS = (
