@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import sys
 import time
@@ -36,12 +35,13 @@ from typing import IO, Any
 
 import httpx
 
+from planner.capacity import Capacity, Failure
 from planner.errors import PlannerError, ServerStartError
 from planner.ports import free_port, port_is_free
-from planner.sweep.results import Capacity, Failure
+from planner.redaction import redact
+from planner.vllm_args import flag_int, has_flag, take_api_key
 from planner.vllm_log import cache_config_labels, classify_failure, merge_cache_config, parse_capacity, parse_version
 
-REDACTED = "***"
 HEALTH_INTERVAL_S = 0.5
 _HTTP_TIMEOUT_S = 5.0
 # Waiting for a SIGKILLed group (or the reaper) to go away; signals are not refused, so this is
@@ -65,9 +65,6 @@ except ProcessLookupError:
     pass
 """
 
-_SECRET_ASSIGNMENT = re.compile(r"(?i)^(.*(?:api[_-]?key|token|secret|password)[^=]*=)(.+)$")
-
-
 class ServerStartFailed(PlannerError):
     """The server did not become ready; `failure` says why (classified from its log)."""
 
@@ -75,63 +72,6 @@ class ServerStartFailed(PlannerError):
         self.failure = failure
         self.log_path = log_path
         super().__init__(f"vLLM server did not start ({failure.kind}): {failure.message} (log: {log_path})")
-
-
-def redact(command: Sequence[str], secrets: Sequence[str] = ()) -> list[str]:
-    """The command with `--api-key VALUE`, `NAME_KEY=VALUE`-style tokens and every secret masked."""
-    redacted: list[str] = []
-    hide_next = False
-    for token in command:
-        if hide_next:
-            redacted.append(REDACTED)
-            hide_next = False
-            continue
-        if token == "--api-key":
-            hide_next = True
-            redacted.append(token)
-            continue
-        if token.startswith("--api-key="):
-            token = "--api-key=" + REDACTED
-        elif match := _SECRET_ASSIGNMENT.match(token):
-            token = match.group(1) + REDACTED
-        for secret in secrets:
-            if secret:
-                token = token.replace(secret, REDACTED)
-        redacted.append(token)
-    return redacted
-
-
-def _take_api_key(args: Sequence[str]) -> tuple[list[str], str | None]:
-    """args without `--api-key X` / `--api-key=X`, and X: vLLM logs its command-line arguments
-    ("non-default args: {...}") but not the VLLM_API_KEY variable, so the key goes there."""
-    kept: list[str] = []
-    key: str | None = None
-    tokens = iter(args)
-    for token in tokens:
-        if token == "--api-key":
-            key = next(tokens, None)
-            if key is None:
-                raise ServerStartError("server argument --api-key has no value; give it as --api-key KEY")
-        elif token.startswith("--api-key="):
-            key = token.removeprefix("--api-key=")
-        else:
-            kept.append(token)
-    return kept, key
-
-
-def _flag_int(args: Sequence[str], flag: str) -> int | None:
-    for i, token in enumerate(args):
-        value = None
-        if token == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif token.startswith(flag + "="):
-            value = token.removeprefix(flag + "=")
-        if value is not None:
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 def group_alive(pgid: int) -> bool:
@@ -187,7 +127,7 @@ class VllmServer:
     ) -> None:
         if not command:
             raise ServerStartError("the server command is empty; give e.g. ['vllm', 'serve']")
-        self._args, key_in_args = _take_api_key(args)
+        self._args, key_in_args = take_api_key(args)
         self.api_key = api_key if api_key is not None else key_in_args
         self._command = list(command)
         self.model = model
@@ -276,9 +216,7 @@ class VllmServer:
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         if self.api_key is not None:
             env["VLLM_API_KEY"] = self.api_key
-        if "VLLM_CPU_KVCACHE_SPACE" not in self._env and any(
-            a == "--kv-cache-memory-bytes" or a.startswith("--kv-cache-memory-bytes=") for a in self._args
-        ):
+        if "VLLM_CPU_KVCACHE_SPACE" not in self._env and has_flag(self._args, "--kv-cache-memory-bytes"):
             # vLLM's CPU build lets this variable win over the flag: one left in the user's shell
             # would silently give every point the same pool.
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)
@@ -387,7 +325,7 @@ class VllmServer:
 
     async def _read_capacity(self, client: httpx.AsyncClient) -> None:
         log_text = self.read_log()
-        capacity = parse_capacity(log_text, block_size=_flag_int(self._args, "--block-size"))
+        capacity = parse_capacity(log_text, block_size=flag_int(self._args, "--block-size"))
         labels: dict[str, str] | None = None
         try:
             response = await client.get("/metrics")

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from planner.sweep.results import Capacity, Failure, FailureKind
+from planner.capacity import Capacity, Failure, FailureKind
 
 LOG_TAIL_LINES = 20
 

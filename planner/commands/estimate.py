@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
-from planner.cliargs import build, comma_list, env_default
+from planner.cliargs import comma_list, env_default
 from planner.estimate.architecture import CACHE_DTYPE_HELP
 from planner.estimate.demand import corpus_request_tokens
 from planner.estimate.gpu_catalog import CATALOG
 from planner.estimate.memory import WorkingMemoryModel
-from planner.estimate.plan import DEFAULT_GPU_MEMORY_UTILIZATION, EstimateSettings, estimate
+from planner.estimate.fit import Verdict
+from planner.estimate.plan import DEFAULT_GPU_MEMORY_UTILIZATION, Estimate, EstimateSettings, estimate
 from planner.estimate.units import GIB, VALID_HELP
+from planner.validation import build
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -92,10 +93,10 @@ def run(args: argparse.Namespace) -> int:
         tokens = info = None
         if args.prompts is not None:
             first = estimate(settings)
-            tokens, info = corpus_request_tokens(args.prompts, max_model_len=first["settings"]["max_model_len"], default_max_tokens=args.max_tokens)
+            tokens, info = corpus_request_tokens(args.prompts, max_model_len=first.settings.max_model_len, default_max_tokens=args.max_tokens)
         results.append(estimate(settings, request_tokens=tokens, corpus_info=info))
     if args.json:
-        print(json.dumps({"points": results}, indent=2))
+        print(json.dumps({"points": [r.model_dump(mode="json") for r in results]}, indent=2))
     else:
         for i, result in enumerate(results):
             if i:
@@ -113,56 +114,56 @@ def _gib(n: int | None) -> str:
     return f"{n:,} B"
 
 
-def render(r: dict[str, Any]) -> list[str]:
-    """The text report of one estimate; a pure function of the JSON it was built from."""
-    m, s, w, v = r["model"], r["settings"], r["weights"], r["verdict"]
-    where = s["gpu"] or (f"{s['gpu_memory_bytes'] / GIB:.2f} GiB GPU" if s["gpu_memory_bytes"] else s["device"].upper())
+def render(r: Estimate) -> list[str]:
+    """The text report of one estimate; a pure function of it."""
+    m, s, w, v = r.model, r.settings, r.weights, r.verdict
+    where = s.gpu or (f"{s.gpu_memory_bytes / GIB:.2f} GiB GPU" if s.gpu_memory_bytes else s.device.upper())
     lines = [
-        f"{m['path']} ({m['model_type']}), tensor-parallel {s['tensor_parallel_size']} on {where}, "
-        f"max-model-len {s['max_model_len']:,}, kv-cache-dtype {s['kv_cache_dtype']}, block {s['block_size']}"
+        f"{m.path} ({m.model_type}), tensor-parallel {s.tensor_parallel_size} on {where}, "
+        f"max-model-len {s.max_model_len:,}, kv-cache-dtype {s.kv_cache_dtype}, block {s.block_size}"
     ]
-    how = f"exact: {w['tensors']} tensors in {w['files']} safetensors file(s)" if w["exact"] else f"estimate: {w['parameters'] / 1e9:.2f}B parameters from config.json"
-    b = r["budget"]
-    rows = [("weights per GPU, a lower bound (" + how + ")", w["per_gpu_bytes"])]
+    how = f"exact: {w.tensors} tensors in {w.files} safetensors file(s)" if w.exact else f"estimate: {w.parameters / 1e9:.2f}B parameters from config.json"
+    b = r.budget
+    rows = [("weights per GPU, a lower bound (" + how + ")", w.per_gpu_bytes)]
     if b is not None:
         rows += [
-            ("KV cache", b["kv_cache_bytes"]),
-            ("activations and workspace", b["activations_and_workspace_bytes"]),
-            ("CUDA graphs", b["cuda_graphs_bytes"]),
-            ("framework and allocator reserve", b["framework_and_reserve_bytes"]),
-            ("headroom left", b["headroom_bytes"]),
-            ("GPU total", b["total_bytes"]),
+            ("KV cache", b.kv_cache_bytes),
+            ("activations and workspace", b.activations_and_workspace_bytes),
+            ("CUDA graphs", b.cuda_graphs_bytes),
+            ("framework and allocator reserve", b.framework_and_reserve_bytes),
+            ("headroom left", b.headroom_bytes),
+            ("GPU total", b.total_bytes),
         ]
     width = max(len(label) for label, _ in rows)
     lines += [f"  {label:<{width}}  {_gib(value):>12}" for label, value in rows]
-    heads = "1 latent head (MLA)" if m["mla"] else f"{m['kv_heads_per_rank']} KV heads per rank"
-    lines.append(f"KV bytes per token per GPU: {r['kv_bytes_per_token']:,} ({m['num_layers']} layers, {heads})")
-    pool = r["kv_pool"]
+    heads = "1 latent head (MLA)" if m.mla else f"{m.kv_heads_per_rank} KV heads per rank"
+    lines.append(f"KV bytes per token per GPU: {r.kv_bytes_per_token:,} ({m.num_layers} layers, {heads})")
+    pool = r.kv_pool
     if pool is not None:
         lines.append(
-            f"KV pool: {_gib(pool['bytes'])} = {pool['num_blocks']:,} blocks of {pool['block_size']} tokens "
-            f"({pool['usable_blocks']:,} usable, 1 null block reserved), {r['kv_cache_tokens']:,} tokens as vLLM reports them"
+            f"KV pool: {_gib(pool.bytes)} = {pool.num_blocks:,} blocks of {pool.block_size} tokens "
+            f"({pool.usable_blocks:,} usable, 1 null block reserved), {r.kv_cache_tokens:,} tokens as vLLM reports them"
         )
-        lines.append(f"max concurrency at {s['max_model_len']:,} tokens per request: {pool['max_concurrency']:.2f}x")
-    c = r["corpus"]
+        lines.append(f"max concurrency at {s.max_model_len:,} tokens per request: {pool.max_concurrency:.2f}x")
+    c = r.corpus
     if c is not None:
         lines.append(
             f"corpus-aware concurrency (estimate; {c['token_counts']}): {c['concurrency']:.2f} "
             f"({c['requests']} requests, {c['mean_blocks_per_request']:.1f} blocks each on average)"
         )
     lines.append("verdict: " + _verdict(v))
-    lines += [f"note: {note}" for note in r["estimates"]]
+    lines += [f"note: {note}" for note in r.estimates]
     return lines
 
 
-def _verdict(v: dict[str, Any]) -> str:
-    if v["status"] == "unknown":
-        return f"unknown: {v['message']}"
-    clear = "" if v["clear_margin"] else " (within the model's uncertainty)"
-    if v["status"] == "fits":
-        return f"fits, {_gib(v['margin_bytes'])} to spare{clear}"
-    if v.get("message"):
-        return f"does not fit ({v['reason']}): {v['message']}"
-    largest = v["largest_fitting_max_model_len"]
+def _verdict(v: Verdict) -> str:
+    if v.status == "unknown":
+        return f"unknown: {v.message}"
+    clear = "" if v.clear_margin else " (within the model's uncertainty)"
+    if v.status == "fits":
+        return f"fits, {_gib(v.margin_bytes)} to spare{clear}"
+    if v.message:
+        return f"does not fit ({v.reason}): {v.message}"
+    largest = v.largest_fitting_max_model_len
     tail = f"; largest max-model-len that fits: {largest:,}" if largest else "; no max-model-len fits"
-    return f"does not fit ({v['reason']}): {_gib(v['missing_bytes'])} missing{tail}{clear}"
+    return f"does not fit ({v.reason}): {_gib(v.missing_bytes)} missing{tail}{clear}"

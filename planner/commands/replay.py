@@ -7,11 +7,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from planner.cliargs import build, comma_list, env_default
+from planner.cliargs import comma_list, env_default
 from planner import interrupt
 from planner.progress import StepProgress
 from planner.report import write_report
 from planner.tables import stdout_console, replay_summary, steps_table
+from planner.validation import build
 from replay import slo as slo_mod
 from replay.corpus import load_corpus
 from replay.observer import Observers

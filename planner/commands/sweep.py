@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
             env = " ".join(f"{k}={v}" for k, v in point.env.items())
             server = VllmServer(
                 s.command, model=s.model, log_path=args.output / "points" / point.id / "server.log",
-                host=s.host, port=s.port or None, args=[*s.args, *point.flags], api_key=s.api_key,
+                host=s.host, port=s.port or None, args=[*s.args, *point.flags],
+                api_key=s.api_key.get_secret_value() if s.api_key else None,
             )
             console.print(
                 f"{point.id}: {(env + ' ') if env else ''}{shlex.join(server.command_for_record)}",

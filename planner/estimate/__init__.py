@@ -10,7 +10,8 @@
     point         `estimate_point`, which planner sweep calls for each grid point
 """
 
-from planner.estimate.plan import EstimateSettings, estimate
+from planner.estimate.fit import Verdict
+from planner.estimate.plan import Estimate, EstimateSettings, estimate
 from planner.estimate.point import estimate_point, kv_tokens_relative_error
 
-__all__ = ["EstimateSettings", "estimate", "estimate_point", "kv_tokens_relative_error"]
+__all__ = ["Estimate", "EstimateSettings", "Verdict", "estimate", "estimate_point", "kv_tokens_relative_error"]

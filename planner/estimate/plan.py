@@ -1,4 +1,4 @@
-"""One estimate: settings in, a JSON-able prediction out (what `planner estimate --json` prints).
+"""One estimate: settings in, a typed prediction out (`planner estimate --json` prints its dump).
 
 The steps follow a capacity plan: weights first (a lower bound), then KV bytes per token for
 the exact architecture and cache dtype, then working memory, then the pool that is left, its
@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from planner.errors import ConfigError, EstimateError
 from planner.estimate import fit
-from planner.estimate.architecture import Architecture, estimate_parameters, load_architecture
+from planner.estimate.architecture import Architecture, AttentionKind, estimate_parameters, load_architecture
+from planner.estimate.fit import Verdict
 from planner.estimate.gpu_catalog import lookup
 from planner.estimate.kv_pool import Pool, PoolLayout, corpus_concurrency, pool_layout, size_pool
 from planner.estimate.memory import Budget, WorkingMemoryModel, gpu_budget, working_memory
@@ -57,6 +58,113 @@ class EstimateSettings(BaseModel):
         return parse_vllm_int(value, what=f"--{info.field_name.replace('_', '-')}")
 
 
+class _Section(BaseModel):
+    # strict: a figure of the wrong type is a bug here, not something to coerce on the way out.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ModelFacts(_Section):
+    path: str
+    config: str
+    model_type: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    kv_heads_per_rank: int
+    head_dim: int
+    mla: bool
+    layer_kinds: dict[AttentionKind, int]
+    sliding_window: int | None
+    dtype: str
+    max_position_embeddings: int | None
+
+
+class SettingsUsed(_Section):
+    """The settings with vLLM's defaults filled in, as the estimate used them."""
+
+    device: Device
+    gpu: str | None
+    gpu_memory_bytes: int | None
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    max_model_len: int
+    kv_cache_dtype: str
+    block_size: int
+    kv_cache_memory_bytes: int | None
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enforce_eager: bool
+    working_memory_model: WorkingMemoryModel
+
+
+class WeightsFacts(_Section):
+    source: str
+    exact: bool
+    lower_bound: bool
+    total_bytes: int
+    per_gpu_bytes: int
+    tensors: int
+    files: int
+    parameters: int | None
+
+
+class LayoutFacts(_Section):
+    block_size: int
+    bytes_per_block: int
+    groups: list[str]
+    layers_per_group: int
+    padding_layers: int
+    in_flight_tokens: int
+
+
+class BudgetFacts(_Section):
+    total_bytes: int
+    requested_bytes: int
+    weights_bytes: int
+    kv_cache_bytes: int
+    activations_and_workspace_bytes: int
+    activations_bytes: int
+    sampler_bytes: int
+    cuda_graphs_bytes: int
+    framework_and_reserve_bytes: int
+    headroom_bytes: int
+    available_kv_bytes: int
+    kv_sized_by: str
+
+
+class PoolFacts(_Section):
+    bytes: int
+    num_blocks: int
+    usable_blocks: int
+    block_size: int
+    blocks_per_request: int
+    usable_tokens: int
+    max_concurrency: float
+
+
+class Estimate(_Section):
+    """The whole prediction for one configuration. Its `model_dump(mode="json")` is what
+    `planner estimate --json` prints and what sweep.json keeps as a point's `prediction`."""
+
+    model: ModelFacts
+    settings: SettingsUsed
+    weights: WeightsFacts
+    kv_bytes_per_token: int
+    kv_bytes_per_token_per_layer: int
+    layout: LayoutFacts
+    # None for a CPU estimate or one whose pool was given directly.
+    budget: BudgetFacts | None
+    # None (and kv_cache_tokens, max_concurrency) when the pool size is unknown.
+    kv_pool: PoolFacts | None
+    kv_cache_tokens: int | None
+    max_concurrency: float | None
+    # The corpus-aware concurrency (planner.estimate.kv_pool.corpus_concurrency) and the corpus it
+    # was measured on, when request tokens were given.
+    corpus: dict[str, Any] | None
+    verdict: Verdict
+    estimates: list[str]
+
+
 def default_batch(device: Device, total_bytes: int | None, gpu: str | None, tp: int) -> tuple[int, int]:
     """vLLM 0.32's serve defaults for (max_num_batched_tokens, max_num_seqs); see arg_utils.get_batch_defaults."""
     if device == "cpu":
@@ -95,37 +203,37 @@ def _total_bytes(settings: EstimateSettings) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _budget_dict(budget: Budget, pool: Pool) -> dict[str, Any]:
+def _budget_facts(budget: Budget, pool: Pool) -> BudgetFacts:
     w = budget.working
-    return {
-        "total_bytes": budget.total_bytes,
-        "requested_bytes": budget.requested_bytes,
-        "weights_bytes": budget.weights_bytes,
-        "kv_cache_bytes": pool.bytes,
-        "activations_and_workspace_bytes": w.activations_and_workspace_bytes,
-        "activations_bytes": w.activations_bytes,
-        "sampler_bytes": w.sampler_bytes,
-        "cuda_graphs_bytes": w.cuda_graphs_bytes,
-        "framework_and_reserve_bytes": w.framework_bytes,
-        "headroom_bytes": budget.headroom_bytes,
-        "available_kv_bytes": budget.available_kv_bytes,
-        "kv_sized_by": budget.kv_sized_by,
-    }
+    return BudgetFacts(
+        total_bytes=budget.total_bytes,
+        requested_bytes=budget.requested_bytes,
+        weights_bytes=budget.weights_bytes,
+        kv_cache_bytes=pool.bytes,
+        activations_and_workspace_bytes=w.activations_and_workspace_bytes,
+        activations_bytes=w.activations_bytes,
+        sampler_bytes=w.sampler_bytes,
+        cuda_graphs_bytes=w.cuda_graphs_bytes,
+        framework_and_reserve_bytes=w.framework_bytes,
+        headroom_bytes=budget.headroom_bytes,
+        available_kv_bytes=budget.available_kv_bytes,
+        kv_sized_by=budget.kv_sized_by,
+    )
 
 
-def _layout_dict(layout: PoolLayout) -> dict[str, Any]:
-    return {
-        "block_size": layout.block_size,
-        "bytes_per_block": layout.bytes_per_block,
-        "groups": [g.kind if g.sliding_window is None else f"sliding({g.sliding_window})" for g in layout.groups],
-        "layers_per_group": layout.group_size,
-        "padding_layers": layout.padding_layers,
-        "in_flight_tokens": layout.in_flight_tokens,
-    }
+def _layout_facts(layout: PoolLayout) -> LayoutFacts:
+    return LayoutFacts(
+        block_size=layout.block_size,
+        bytes_per_block=layout.bytes_per_block,
+        groups=[g.kind if g.sliding_window is None else f"sliding({g.sliding_window})" for g in layout.groups],
+        layers_per_group=layout.group_size,
+        padding_layers=layout.padding_layers,
+        in_flight_tokens=layout.in_flight_tokens,
+    )
 
 
-def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = None, corpus_info: dict | None = None) -> dict[str, Any]:
-    """The whole prediction for one configuration, as a JSON-able dict."""
+def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = None, corpus_info: dict | None = None) -> Estimate:
+    """The whole prediction for one configuration."""
     arch = load_architecture(settings.model)
     tp = settings.tensor_parallel_size
     device = settings.device
@@ -206,63 +314,63 @@ def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = N
         corpus = {**(corpus_info or {}), **corpus_concurrency(layout, pool, request_tokens)}
         estimates.append("corpus: prompt tokens estimated as UTF-8 bytes / 4")
 
-    return {
-        "model": {
-            "path": settings.model,
-            "config": arch.source,
-            "model_type": arch.model_type,
-            "num_layers": arch.num_layers,
-            "num_attention_heads": heads,
-            "num_kv_heads": arch.num_kv_heads,
-            "kv_heads_per_rank": arch.kv_heads_per_rank(tp),
-            "head_dim": arch.head_dim_k,
-            "mla": arch.mla,
-            "layer_kinds": arch.layer_counts(),
-            "sliding_window": arch.sliding_window,
-            "dtype": arch.dtype,
-            "max_position_embeddings": arch.max_position_embeddings,
-        },
-        "settings": {
-            "device": device,
-            "gpu": gpu_name,
-            "gpu_memory_bytes": total_bytes,
-            "gpu_memory_utilization": settings.gpu_memory_utilization,
-            "tensor_parallel_size": tp,
-            "max_model_len": max_len,
-            "kv_cache_dtype": settings.kv_cache_dtype,
-            "block_size": block_size,
-            "kv_cache_memory_bytes": settings.kv_cache_memory_bytes,
-            "max_num_batched_tokens": batched,
-            "max_num_seqs": seqs,
-            "enforce_eager": settings.enforce_eager,
-            "working_memory_model": settings.working.model_dump(),
-        },
-        "weights": {
-            "source": weights.source,
-            "exact": weights.source == "safetensors",
-            "lower_bound": True,
-            "total_bytes": weights.total_bytes,
-            "per_gpu_bytes": weights.per_gpu_bytes,
-            "tensors": weights.tensors,
-            "files": weights.files,
-            "parameters": weights.parameters,
-        },
-        "kv_bytes_per_token": arch.kv_bytes_per_token(tp, settings.kv_cache_dtype),
-        "kv_bytes_per_token_per_layer": arch.kv_bytes_per_token_per_layer(tp, settings.kv_cache_dtype),
-        "layout": _layout_dict(layout),
-        "budget": _budget_dict(budget, pool) if budget is not None else None,
-        "kv_pool": {
-            "bytes": pool.bytes,
-            "num_blocks": pool.num_blocks,
-            "usable_blocks": pool.usable_blocks,
-            "block_size": pool.block_size,
-            "blocks_per_request": pool.blocks_per_request,
-            "usable_tokens": pool.usable_tokens,
-            "max_concurrency": round(pool.max_concurrency, 4),
-        } if available is not None else None,
-        "kv_cache_tokens": pool.kv_cache_tokens if available is not None else None,
-        "max_concurrency": round(pool.max_concurrency, 4) if available is not None else None,
-        "corpus": corpus,
-        "verdict": verdict,
-        "estimates": estimates,
-    }
+    return Estimate(
+        model=ModelFacts(
+            path=settings.model,
+            config=arch.source,
+            model_type=arch.model_type,
+            num_layers=arch.num_layers,
+            num_attention_heads=heads,
+            num_kv_heads=arch.num_kv_heads,
+            kv_heads_per_rank=arch.kv_heads_per_rank(tp),
+            head_dim=arch.head_dim_k,
+            mla=arch.mla,
+            layer_kinds=arch.layer_counts(),
+            sliding_window=arch.sliding_window,
+            dtype=arch.dtype,
+            max_position_embeddings=arch.max_position_embeddings,
+        ),
+        settings=SettingsUsed(
+            device=device,
+            gpu=gpu_name,
+            gpu_memory_bytes=total_bytes,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            tensor_parallel_size=tp,
+            max_model_len=max_len,
+            kv_cache_dtype=settings.kv_cache_dtype,
+            block_size=block_size,
+            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+            max_num_batched_tokens=batched,
+            max_num_seqs=seqs,
+            enforce_eager=settings.enforce_eager,
+            working_memory_model=settings.working,
+        ),
+        weights=WeightsFacts(
+            source=weights.source,
+            exact=weights.source == "safetensors",
+            lower_bound=True,
+            total_bytes=weights.total_bytes,
+            per_gpu_bytes=weights.per_gpu_bytes,
+            tensors=weights.tensors,
+            files=weights.files,
+            parameters=weights.parameters,
+        ),
+        kv_bytes_per_token=arch.kv_bytes_per_token(tp, settings.kv_cache_dtype),
+        kv_bytes_per_token_per_layer=arch.kv_bytes_per_token_per_layer(tp, settings.kv_cache_dtype),
+        layout=_layout_facts(layout),
+        budget=_budget_facts(budget, pool) if budget is not None else None,
+        kv_pool=PoolFacts(
+            bytes=pool.bytes,
+            num_blocks=pool.num_blocks,
+            usable_blocks=pool.usable_blocks,
+            block_size=pool.block_size,
+            blocks_per_request=pool.blocks_per_request,
+            usable_tokens=pool.usable_tokens,
+            max_concurrency=round(pool.max_concurrency, 4),
+        ) if available is not None else None,
+        kv_cache_tokens=pool.kv_cache_tokens if available is not None else None,
+        max_concurrency=round(pool.max_concurrency, 4) if available is not None else None,
+        corpus=corpus,
+        verdict=verdict,
+        estimates=estimates,
+    )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from planner.cliargs import build
 from planner.estimate.memory import WorkingMemoryModel
-from planner.estimate.plan import Device, EstimateSettings, estimate
+from planner.estimate.plan import Device, Estimate, EstimateSettings, estimate
+from planner.validation import build
 
 # The point flags (underscore form, as in PointResult.config) that change the prediction.
 POINT_FLAGS = (
@@ -32,12 +32,12 @@ def estimate_point(
     gpu: str | None = None,
     working: WorkingMemoryModel | None = None,
     request_tokens: list[int] | None = None,
-) -> dict[str, Any]:
+) -> Estimate:
     """Predict one point. `flags` holds the point's vLLM flags in underscore form; values may be
     strings as vLLM takes them ("2M", "256K", "0.9", "fp8"). Other keys (env, extra flags that do
     not change memory) are ignored. device="cpu" is vLLM's CPU build: block size 128 unless
-    given, the pool exactly --kv-cache-memory-bytes. Returns `estimate()`'s dict; its
-    "kv_cache_tokens" is what vLLM's "KV cache size" line should report and its "verdict" says
+    given, the pool exactly --kv-cache-memory-bytes. Returns `estimate()`'s Estimate; its
+    `kv_cache_tokens` is what vLLM's "KV cache size" line should report and its `verdict` says
     fits / does_not_fit / unknown with the margin and whether it is clear.
 
     Raises EstimateError when the model cannot be sized and ConfigError for a bad flag value.

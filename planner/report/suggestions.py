@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.sweep.results import Failure
+from planner.capacity import Failure
 
 SUGGESTIONS: dict[str, str] = {
     "kv_too_small": (

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from planner.sweep.results import Capacity, Failure, PointResult, SweepResults
+from planner.capacity import Capacity, Failure
+from planner.sweep.results import PointResult, SweepResults
 from replay import slo as slo_mod
 from replay.errors import SloSpecError
 from replay.results import ReplayResults, StepResult

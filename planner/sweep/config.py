@@ -12,10 +12,12 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from planner.errors import ConfigError
+from planner.redaction import REDACTED, redact, redact_env
+from planner.vllm_args import has_flag
 from replay import slo as slo_mod
 from replay.errors import SloSpecError
 from replay.settings import ReplaySettings
@@ -51,7 +53,7 @@ class ServerSection(_Strict):
     startup_timeout_s: float = Field(default=900.0, gt=0)
     stop_grace_s: float = Field(default=20.0, gt=0)
     # Passed to vLLM (as VLLM_API_KEY) and to the client; never written to results or logs.
-    api_key: str | None = None
+    api_key: SecretStr | None = None
 
     @field_validator("model")
     @classmethod
@@ -62,11 +64,11 @@ class ServerSection(_Strict):
     @classmethod
     def _no_reserved_flags(cls, args: list[str]) -> list[str]:
         for flag in ("--model", "--host", "--port"):
-            if any(a == flag or a.startswith(flag + "=") for a in args):
+            if has_flag(args, flag):
                 raise ValueError(f"{flag} is set by the planner; remove it from [server] args")
         for flags, key in ((("--tensor-parallel-size", "-tp"), "tensor_parallel_size"),
                            (("--pipeline-parallel-size", "-pp"), "pipeline_parallel_size")):
-            if any(a in flags or a.startswith(tuple(f + "=" for f in flags)) for a in args):
+            if has_flag(args, *flags):
                 raise ValueError(
                     f"{flags[0]} decides how many GPUs a point takes; set it in [grid] ({key} = [N]), not in [server] args"
                 )
@@ -264,12 +266,10 @@ def load_settings(path: Path | None, overrides: dict[str, Any] | None = None) ->
 
 def public_settings(settings: SweepSettings) -> dict[str, Any]:
     """The settings as saved in sweep.json: secrets removed."""
-    from planner.launcher import redact
-
     data = settings.model_dump(mode="json")
-    if data["server"].get("api_key") is not None:
-        data["server"]["api_key"] = "***"
-    data["server"]["args"] = redact(data["server"]["args"], [settings.server.api_key] if settings.server.api_key else [])
-    secret = re.compile(r"(?i)(key|token|secret|password)")
-    data["server"]["env"] = {k: ("***" if secret.search(k) else v) for k, v in data["server"]["env"].items()}
+    key = settings.server.api_key
+    if key is not None:
+        data["server"]["api_key"] = REDACTED
+    data["server"]["args"] = redact(data["server"]["args"], [key.get_secret_value()] if key else [])
+    data["server"]["env"] = redact_env(data["server"]["env"])
     return data

@@ -3,45 +3,35 @@ clear margin are not launched."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from planner.errors import ConfigError, EstimateError
-from planner.estimate import estimate_point
+from planner.estimate import Estimate, Verdict, estimate_point
 from planner.gpus import Gpu
 from planner.sweep.config import SweepSettings
-from planner.sweep.grid import Point, config_key
+from planner.sweep.grid import Point
+from planner.vllm_args import fixed_flags
 
 MIB = 1 << 20
 
 
-def fixed_flags(args: Sequence[str]) -> dict[str, Any]:
-    """`[server] args` as underscore-form flags: `--max-num-seqs 8` -> {"max_num_seqs": "8"},
-    a bare `--enforce-eager` -> {"enforce_eager": True}."""
-    flags: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("--"):
-            name, eq, value = arg[2:].partition("=")
-            if eq:
-                flags[config_key(name)] = value
-            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                flags[config_key(name)] = args[i + 1]
-                i += 1
-            else:
-                flags[config_key(name)] = True
-        i += 1
-    return flags
+class NotPredicted(BaseModel):
+    """Why a point has no estimate; sweep.json keeps it as the point's prediction ({"error": ...})."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str
 
 
-def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], dict[str, Any] | None]:
+def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], Estimate | NotPredicted | None]:
     base = fixed_flags(settings.server.args)
 
-    def predict(point: Point, inventory: list[Gpu]) -> dict[str, Any] | None:
+    def predict(point: Point, inventory: list[Gpu]) -> Estimate | NotPredicted | None:
         if not (Path(settings.server.model) / "config.json").exists():
-            return {"error": f"{settings.server.model} is not a local model folder with a config.json; not predicted"}
+            return NotPredicted(error=f"{settings.server.model} is not a local model folder with a config.json; not predicted")
         flags = {**base, **{k: v for k, v in point.config.items() if k != "env"}}
         gpu_bytes = None
         if inventory:
@@ -57,17 +47,16 @@ def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], dict[str,
                 gpu=None if gpu_bytes else settings.estimate.gpu,
             )
         except (EstimateError, ConfigError) as exc:
-            return {"error": str(exc)}
+            return NotPredicted(error=str(exc))
 
     return predict
 
 
-def should_skip(prediction: dict[str, Any], *, prune: bool) -> str | None:
+def should_skip(verdict: Verdict, *, prune: bool) -> str | None:
     """Why the point is not launched, or None."""
-    verdict = prediction.get("verdict") or {}
-    if prune and verdict.get("status") == "does_not_fit" and verdict.get("clear_margin"):
-        largest = verdict.get("largest_fitting_max_model_len")
+    if prune and verdict.status == "does_not_fit" and verdict.clear_margin:
+        largest = verdict.largest_fitting_max_model_len
         hint = f"; the largest max_model_len that fits is {largest}" if largest else ""
-        message = verdict.get("message")
-        return f"{verdict.get('reason')}{': ' + message if message else ''}{hint}"
+        message = verdict.message
+        return f"{verdict.reason}{': ' + message if message else ''}{hint}"
     return None

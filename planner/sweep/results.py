@@ -4,37 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.capacity import Capacity, Failure
 from replay.results import StepResult
 
-SCHEMA_VERSION = 1
+# 2: the run's corpus, vLLM version and GPUs moved from `settings` to `run` (RunInfo).
+SCHEMA_VERSION = 2
 
 # pending and running appear only while a sweep runs (or in the file of one that was killed).
 PointStatus = Literal["ok", "infeasible", "failed", "predicted_infeasible", "pending", "running"]
-
-# Start-up failure kinds, classified from the server log.
-FailureKind = Literal[
-    "kv_too_small",
-    "no_kv_memory",
-    "gpu_oom",
-    "world_size_too_large",
-    "heads_not_divisible",
-    "max_model_len_too_long",
-    "bad_flag",
-    "timeout",
-    "crashed",
-    # During the replay (status "failed"): the server died or stopped answering.
-    "server_died",
-    "replay_error",
-    # Ready, but it reported no KV-cache capacity and the search had no other bound.
-    "no_capacity",
-    # An unforeseen error in the planner itself: the point failed, the sweep went on.
-    "planner_error",
-    "predicted_infeasible",
-    "interrupted",
-]
-
 
 # Start-up failures that say the configuration cannot run (status "infeasible"), as opposed to a
 # broken launch (status "failed").
@@ -45,32 +24,6 @@ INFEASIBLE_KINDS = frozenset(
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
-
-
-class Capacity(_Model):
-    kv_cache_tokens: int | None = None
-    max_concurrency_reported: float | None = None
-    # The max_model_len that max_concurrency_reported is quoted for.
-    max_model_len: int | None = None
-    block_size: int | None = None
-    num_gpu_blocks: int | None = None
-    # Where kv_cache_tokens came from: "log", "metrics", or "log+metrics" when both agreed.
-    source: str | None = None
-    # Both figures when the log and vllm:cache_config_info disagree (they should not).
-    log_kv_cache_tokens: int | None = None
-    metrics_kv_cache_tokens: int | None = None
-    available_kv_cache_gib: float | None = None
-    model_weights_gib: float | None = None
-    model_load_s: float | None = None
-    cuda_graph_gib: float | None = None
-
-
-class Failure(_Model):
-    kind: FailureKind
-    message: str
-    estimated_max_model_len: int | None = None
-    exit_code: int | None = None
-    log_tail: list[str] = Field(default_factory=list)
 
 
 class PointResult(_Model):
@@ -117,10 +70,39 @@ class Best(_Model):
     others: dict[str, str] = Field(default_factory=dict)
 
 
+class CorpusInfo(_Model):
+    path: str
+    sha256: str
+    requests: int
+
+
+class RunInfo(_Model):
+    """What this run found rather than what it was told: the corpus, vLLM's version, the GPUs."""
+
+    corpus: CorpusInfo | None = None
+    vllm_version: str | None = None
+    gpus_found: list[str] = Field(default_factory=list)
+
+
+# Version 1 kept RunInfo's keys inside `settings`.
+_RUN_KEYS_IN_V1_SETTINGS = ("corpus", "vllm_version", "gpus_found")
+
+
 class SweepResults(_Model):
     schema_version: int = SCHEMA_VERSION
     started_at: str
+    # The sweep settings as given (secrets replaced by "***"; see planner.sweep.config.public_settings).
     settings: dict[str, Any]
+    run: RunInfo = Field(default_factory=RunInfo)
     points: list[PointResult] = Field(default_factory=list)
     best: Best | None = None
     interrupted: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_version_1(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("schema_version") != 1 or not isinstance(data.get("settings"), dict):
+            return data
+        settings = dict(data["settings"])
+        run = {k: settings.pop(k) for k in _RUN_KEYS_IN_V1_SETTINGS if k in settings}
+        return {**data, "schema_version": SCHEMA_VERSION, "settings": settings, "run": run}

@@ -13,16 +13,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from planner import gpus as gpu_mod
+from planner.capacity import Failure
 from planner.errors import ConfigError
 from planner.launcher import ServerStartFailed, VllmServer
 from planner.sweep.bound import concurrency_upper_bound, mean_blocks
 from planner.sweep.config import SweepSettings, public_settings
 from planner.sweep.grid import Point, expand, fingerprint
+from planner.sweep.observer import SweepObserver, SweepObservers
 from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, choose_best, output_tokens_per_s_at, safe_concurrency
-from planner.sweep.results import INFEASIBLE_KINDS, Failure, PointResult, SweepResults
-from planner.estimate import kv_tokens_relative_error
-from planner.sweep.predict import should_skip
+from planner.sweep.results import INFEASIBLE_KINDS, CorpusInfo, PointResult, RunInfo, SweepResults
+from planner.estimate import Estimate, kv_tokens_relative_error
+from planner.sweep.predict import NotPredicted, should_skip
 from planner.sweep.version import probe_version
+from planner.vllm_log import log_tail
 from replay.client import StreamingClient
 from replay.corpus import Corpus
 from replay.errors import ReplayError, StepAborted
@@ -46,20 +49,13 @@ class SweepContext:
     corpus: Corpus
     output_dir: Path
     results: SweepResults
-    observers: list = field(default_factory=list)
+    observers: list[SweepObserver] = field(default_factory=list)
     gpu_inventory: list[gpu_mod.Gpu] = field(default_factory=list)
     # Token counts depend only on the model's tokenizer: measured once, shared by every point.
     prompt_tokens: list[int] | None = None
 
     def save(self) -> None:
         write_json_atomic(self.output_dir / RESULTS_FILE, self.results.model_dump(mode="json"))
-
-    def notify(self, method: str, *args) -> None:
-        """Point-level events, for the observers that listen to them."""
-        for o in self.observers:
-            fn = getattr(o, method, None)
-            if fn is not None:
-                fn(*args)
 
 
 def _now() -> str:
@@ -110,7 +106,7 @@ class PointRunner:
             port=s.port or None,
             args=[*s.args, *self.point.flags],
             env={**s.env, **self.point.env},
-            api_key=s.api_key,
+            api_key=s.api_key.get_secret_value() if s.api_key else None,
             startup_timeout_s=s.startup_timeout_s,
             stop_grace_s=s.stop_grace_s,
             cuda_visible_devices=gpu_mod.cuda_visible_devices(self.gpu_ids) if self.gpu_ids else None,
@@ -142,7 +138,7 @@ class PointRunner:
                 # The server runs but cannot be replayed against (it rejects the key, serves
                 # another model, ...): this point failed; the sweep goes on.
                 r.status = "failed"
-                r.failure = Failure(kind="replay_error", message=str(exc), log_tail=server.read_log().splitlines()[-20:])
+                r.failure = Failure(kind="replay_error", message=str(exc), log_tail=log_tail(server.read_log()))
         except asyncio.CancelledError:
             r.status = "failed"
             r.failure = Failure(kind="interrupted", message="the sweep was interrupted during this point")
@@ -152,7 +148,7 @@ class PointRunner:
             r.failure = Failure(
                 kind="planner_error",
                 message=f"{type(exc).__name__}: {exc}",
-                log_tail=traceback.format_exc().splitlines()[-20:],
+                log_tail=log_tail(traceback.format_exc()),
             )
         finally:
             r.duration_s = round(time.perf_counter() - start, 1)
@@ -164,7 +160,7 @@ class PointRunner:
             server.url,
             model=None,
             api=settings.replay.api,
-            api_key=settings.server.api_key,
+            api_key=settings.server.api_key.get_secret_value() if settings.server.api_key else None,
             max_connections=max_connections,
             request_timeout_s=settings.replay.request_timeout_s,
             ignore_eos=settings.replay.ignore_eos,
@@ -214,7 +210,7 @@ class PointRunner:
                 kind="no_capacity",
                 message="the server reported no KV-cache capacity (log or vllm:cache_config_info), so the"
                 " search has no upper bound; set [replay] max_concurrency",
-                log_tail=server.read_log().splitlines()[-20:],
+                log_tail=log_tail(server.read_log()),
             )
             return
         monitor: Callable[[], gpu_mod.GpuMemorySampler] | None = (
@@ -257,13 +253,12 @@ class PointRunner:
         self._conclude(lo, hi, upper, limit)
 
     def _server_died(self, server: VllmServer) -> None:
-        lines = server.read_log().splitlines()
         self.result.status = "failed"
         self.result.failure = Failure(
             kind="server_died",
             message=f"the server exited with code {server.exit_code} during the replay",
             exit_code=server.exit_code,
-            log_tail=lines[-20:],
+            log_tail=log_tail(server.read_log()),
         )
         history = [(int(s.load.value), s.slo_pass) for s in self.result.steps if s.load.mode == "concurrency"]
         self.result.max_passing_concurrency = bracket(history).max_passing
@@ -318,13 +313,14 @@ def _too_many_gpus(point: Point, available: int) -> Failure:
 
 
 async def _run_point(ctx: SweepContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...]) -> None:
-    ctx.notify("point_started", point.id, point.config, ctx.settings.server.model)
+    observer = SweepObservers(*ctx.observers)
+    observer.point_started(point.id, point.config, ctx.settings.server.model)
     result.started_at = _now()
     result.gpu_ids = list(gpu_ids)
     try:
         await PointRunner(ctx, point, result, gpu_ids).run()
     finally:
-        ctx.notify("point_finished", point.id, result.safe_concurrency_per_gpu)
+        observer.point_finished(point.id, result.safe_concurrency_per_gpu)
 
 
 async def run_sweep(
@@ -333,8 +329,8 @@ async def run_sweep(
     *,
     output_dir: Path,
     resume: bool = False,
-    observers: list | None = None,
-    predict: Callable[[Point, list], dict | None] | None = None,
+    observers: list[SweepObserver] | None = None,
+    predict: Callable[[Point, list], Estimate | NotPredicted | None] | None = None,
 ) -> SweepResults:
     """Run every point of the grid (or reuse it with --resume) and choose the best."""
     output_dir = Path(output_dir)
@@ -342,15 +338,16 @@ async def run_sweep(
     version = await asyncio.to_thread(probe_version, settings.server.command, settings.server.env)
     inventory = gpu_mod.discover(settings.gpus.devices)
     earlier = previous_results(output_dir) if resume else {}
-    saved = public_settings(settings)
-    saved["corpus"] = {"path": str(corpus.path), "sha256": corpus.sha256, "requests": len(corpus)}
-    saved["vllm_version"] = version
-    saved["gpus_found"] = [g.index for g in inventory]
+    run = RunInfo(
+        corpus=CorpusInfo(path=str(corpus.path), sha256=corpus.sha256, requests=len(corpus)),
+        vllm_version=version,
+        gpus_found=[g.index for g in inventory],
+    )
     ctx = SweepContext(
         settings=settings,
         corpus=corpus,
         output_dir=output_dir,
-        results=SweepResults(started_at=_now(), settings=saved),
+        results=SweepResults(started_at=_now(), settings=public_settings(settings), run=run),
         observers=list(observers or []),
         gpu_inventory=inventory,
     )
@@ -369,16 +366,16 @@ async def run_sweep(
         if predict is not None:
             prediction = predict(point, inventory)
             if prediction is not None:
-                result.prediction = prediction
-                result.kv_cache_tokens_predicted = prediction.get("kv_cache_tokens")
-                why = should_skip(prediction, prune=settings.estimate.prune)
+                result.prediction = prediction.model_dump(mode="json")
+            if isinstance(prediction, Estimate):
+                result.kv_cache_tokens_predicted = prediction.kv_cache_tokens
+                why = should_skip(prediction.verdict, prune=settings.estimate.prune)
                 if why is not None:
-                    verdict = prediction.get("verdict") or {}
                     result.status = "predicted_infeasible"
                     result.failure = Failure(
                         kind="predicted_infeasible",
                         message=why,
-                        estimated_max_model_len=verdict.get("largest_fitting_max_model_len"),
+                        estimated_max_model_len=prediction.verdict.largest_fitting_max_model_len,
                     )
                     continue
         todo.append((point, result))

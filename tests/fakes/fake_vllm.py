@@ -11,8 +11,10 @@ that cannot start, and then serves the OpenAI API with tests/fakes/openai_server
 Like vLLM it runs a second process (the "EngineCore") in its own process group, so tests see
 whether a launcher stops the whole group.
 
-Pretend model (the same shape as the tiny Llama of scripts/build-tiny-model.sh): 2 layers,
-4 attention heads, 2 KV heads of 16 dims, bf16, max_position_embeddings 4096. So
+Pretend model: 2 layers, 4 attention heads, 2 KV heads of 16 dims, bf16, max_position_embeddings
+4096. At tp 1 that is the 256 KV bytes per token of the tiny Llama scripts/build-tiny-model.sh
+builds (1 KV head of 32 dims); at tp 2 and above the fake's per-rank figure halves, the tiny
+Llama's does not. So
 
     bytes per token   = layers x 2 (K and V) x max(1, kv_heads // tp) x head_dim x 2 bytes = 256 (tp 1)
     num_blocks        = kv_bytes // (block_size x bytes per token)        (block 0 is the null block)

@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from planner.errors import ServerStartError
-from planner.launcher import ServerStartFailed, VllmServer, group_alive, redact
+from planner.launcher import ServerStartFailed, VllmServer, group_alive
+from planner.redaction import redact
 from planner.ports import free_port, port_is_free
 
 REPO = Path(__file__).resolve().parents[2]

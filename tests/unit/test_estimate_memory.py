@@ -44,29 +44,29 @@ def test_available_kv_within_the_verdicts_uncertainty(llama31, where, total_gib,
         gpu_memory_bytes=int(total_gib * GIB),
         working=WorkingMemoryModel(cuda_graphs_gib=0),
     )
-    predicted = p["budget"]["available_kv_bytes"]
+    predicted = p.budget.available_kv_bytes
     error = abs(predicted - logged_gib * GIB)
-    assert error < p["verdict"]["uncertainty_bytes"], f"{where}: predicted {predicted / GIB:.2f} GiB"
+    assert error < p.verdict.uncertainty_bytes, f"{where}: predicted {predicted / GIB:.2f} GiB"
     assert error < 2 * GIB
 
 
 def test_weights_from_config_match_the_logged_model_loading(llama31):
     # "model weights take 14.96GiB" (vllm#10511) for Meta-Llama-3-8B in bf16.
     p = estimate_point(str(llama31), {"max_model_len": 8192}, gpu="h100-80gb")
-    assert p["weights"]["per_gpu_bytes"] / GIB == pytest.approx(14.96, abs=0.01)
+    assert p.weights.per_gpu_bytes / GIB == pytest.approx(14.96, abs=0.01)
 
 
 def test_enforce_eager_drops_cuda_graphs_and_tp_adds_nccl(llama31):
     eager = estimate_point(str(llama31), {"max_model_len": 8192, "enforce_eager": True}, gpu="h100-80gb")
     graphs = estimate_point(str(llama31), {"max_model_len": 8192}, gpu="h100-80gb")
-    assert eager["budget"]["cuda_graphs_bytes"] == 0
-    assert graphs["budget"]["cuda_graphs_bytes"] == int(0.5 * GIB)
-    assert eager["budget"]["available_kv_bytes"] - graphs["budget"]["available_kv_bytes"] == int(0.5 * GIB)
+    assert eager.budget.cuda_graphs_bytes == 0
+    assert graphs.budget.cuda_graphs_bytes == int(0.5 * GIB)
+    assert eager.budget.available_kv_bytes - graphs.budget.available_kv_bytes == int(0.5 * GIB)
     tp2 = estimate_point(str(llama31), {"max_model_len": 8192, "tensor_parallel_size": 2}, gpu="h100-80gb")
-    assert tp2["budget"]["framework_and_reserve_bytes"] == int((0.5 + 1.75) * GIB)
+    assert tp2.budget.framework_and_reserve_bytes == int((0.5 + 1.75) * GIB)
 
 
 def test_default_batch_follows_vllm_by_gpu_size(llama31):
-    assert estimate_point(str(llama31), {"max_model_len": 8192}, gpu="l4")["settings"]["max_num_batched_tokens"] == 2048
-    assert estimate_point(str(llama31), {"max_model_len": 8192}, gpu="a100-80gb")["settings"]["max_num_seqs"] == 256
-    assert estimate_point(str(llama31), {"max_model_len": 8192}, gpu="b200")["settings"]["max_num_batched_tokens"] == 16384
+    assert estimate_point(str(llama31), {"max_model_len": 8192}, gpu="l4").settings.max_num_batched_tokens == 2048
+    assert estimate_point(str(llama31), {"max_model_len": 8192}, gpu="a100-80gb").settings.max_num_seqs == 256
+    assert estimate_point(str(llama31), {"max_model_len": 8192}, gpu="b200").settings.max_num_batched_tokens == 16384

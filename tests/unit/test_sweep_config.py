@@ -3,7 +3,9 @@ import pytest
 from planner.errors import ConfigError
 from planner.sweep.config import load_settings, public_settings
 from planner.sweep.grid import expand, fingerprint
-from planner.sweep.predict import fixed_flags, should_skip
+from planner.estimate import Verdict
+from planner.sweep.predict import should_skip
+from planner.vllm_args import fixed_flags
 
 BASE = """
 prompts = "prompts/prod.jsonl"
@@ -134,10 +136,10 @@ def test_fixed_flags_and_skip_rule():
     }
     verdict = {"status": "does_not_fit", "clear_margin": True, "reason": "kv_too_small", "message": "m",
                "largest_fitting_max_model_len": 896}
-    assert should_skip({"verdict": verdict}, prune=True) == "kv_too_small: m; the largest max_model_len that fits is 896"
-    assert should_skip({"verdict": verdict}, prune=False) is None
-    assert should_skip({"verdict": {**verdict, "clear_margin": False}}, prune=True) is None
-    assert should_skip({"verdict": {**verdict, "message": None}}, prune=True) == (
+    assert should_skip(Verdict(**verdict), prune=True) == "kv_too_small: m; the largest max_model_len that fits is 896"
+    assert should_skip(Verdict(**verdict), prune=False) is None
+    assert should_skip(Verdict(**{**verdict, "clear_margin": False}), prune=True) is None
+    assert should_skip(Verdict(**{**verdict, "message": None}), prune=True) == (
         "kv_too_small; the largest max_model_len that fits is 896"
     )
 
@@ -201,7 +203,8 @@ def test_sweep_replay_table_rejects_planned_loads(tmp_path):
 
 
 def test_resume_keeps_pruned_points_only_while_pruning():
-    from planner.sweep.results import Failure, PointResult
+    from planner.capacity import Failure
+    from planner.sweep.results import PointResult
     from planner.sweep.run import _reusable
 
     pruned = PointResult(id="p", config={}, command=[], status="predicted_infeasible", fingerprint="f",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.sweep.results import Capacity
+from planner.capacity import Capacity
 from planner.vllm_log import (
     cache_config_labels,
     classify_failure,

@@ -1,0 +1,32 @@
+"""The seam through which a sweep reports its points as they start and finish (the exporter, the
+progress bar). A sweep observer is also a replay observer (replay.observer), since every point's
+steps are replays. Observers are called from the sweep's event loop and must not block.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from replay.observer import Observers, ReplayObserver
+
+
+class SweepObserver(ReplayObserver, Protocol):
+    def point_started(self, point_id: str, config: dict[str, Any], model: str) -> None: ...
+
+    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None: ...
+
+
+class SweepObservers(Observers):
+    """Fans every call, the sweep's and the replay's, out to several observers."""
+
+    def __init__(self, *observers: SweepObserver) -> None:
+        super().__init__(*observers)
+        self._points = [o for o in observers if o is not None]
+
+    def point_started(self, point_id: str, config: dict[str, Any], model: str) -> None:
+        for o in self._points:
+            o.point_started(point_id, config, model)
+
+    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
+        for o in self._points:
+            o.point_finished(point_id, safe_concurrency_per_gpu)
