@@ -1,0 +1,259 @@
+"""Sweeps on a real multi-node Ray cluster on this machine (ray.cluster_utils.Cluster): a head
+without GPUs and two nodes of two declared GPUs each. Ray hands declared GPUs out and sets
+CUDA_VISIBLE_DEVICES per task without any GPU present, and the fake vLLM counts the GPUs it can
+see from that variable, so a tensor-parallel-2 point starts only if Ray gave it two.
+
+The fake's latency has a known answer (tests/fakes/fake_vllm.py): ITL = 15 ms x (1 + C) at
+concurrency C, so a TPOT SLO of 52 ms passes at 2 (45 ms) and fails at 3 (60 ms).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+# Ray is the optional extra .[ray]; `make test` installs it.
+from ray.cluster_utils import Cluster
+
+from planner.cli import main
+from planner.sweep.results import SweepResults
+from tests.integration.test_sweep import FAKE_VLLM, ROOT, write_corpus
+
+NODE = {"num_cpus": 2, "num_gpus": 2, "object_store_memory": 100 * 2**20}
+# Two GPU models, so results and the report show which point ran on which.
+MODELS = ("FAKE-A", "FAKE-B")
+MEASURED = (
+    "status", "capacity", "concurrency_upper_bound", "mean_blocks_per_request", "max_passing_concurrency",
+    "min_failing_concurrency", "safe_concurrency", "safe_concurrency_per_gpu", "binding_constraint", "gpus",
+)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "num_gpus": 0, "object_store_memory": 100 * 2**20, "include_dashboard": False},
+    )
+    for model in MODELS:
+        c.add_node(**NODE, resources={f"accelerator_type:{model}": 1})
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+
+
+def write_config(tmp_path: Path, *, tp: list[int], kv_bytes: list[str], executor: str = "ray", address: str = "auto",
+                 max_retries: int = 1) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(
+        f"""
+prompts = "{corpus}"
+
+[server]
+command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
+model = "{tmp_path.name}-{uuid.uuid4().hex[:8]}"
+args = ["--enforce-eager"]
+env = {{ FAKE_VLLM_ITL_S = "0.015", FAKE_VLLM_ITL_GROWTH = "1.0", FAKE_VLLM_TTFT_S = "0.005" }}
+startup_timeout_s = 30
+stop_grace_s = 5
+
+[grid]
+max_model_len = [2048]
+tensor_parallel_size = {json.dumps(tp)}
+[grid.extra]
+kv_cache_memory_bytes = {json.dumps(kv_bytes)}
+
+[replay]
+start_concurrency = 2
+min_requests = 20
+max_window_s = 60
+request_timeout_s = 30
+
+[slo]
+tpot_p50_ms = 52
+error_rate = 0
+headroom = 0.5
+
+[gpus]
+devices = "none"
+
+[executor]
+kind = "{executor}"
+address = "{address}"
+max_retries = {max_retries}
+"""
+    )
+    return cfg
+
+
+def model_of(cfg: Path) -> str:
+    import tomllib
+
+    return tomllib.loads(cfg.read_text())["server"]["model"]
+
+
+def processes(pattern: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def fake_servers(cfg: Path) -> list[str]:
+    return [line for line in processes("fake_vllm.py") if model_of(cfg) in line]
+
+
+def ray_workers() -> set[str]:
+    return {line.split()[0] for line in processes("^ray::")}
+
+
+def start_driver(cfg: Path, out: Path, address: str) -> subprocess.Popen:
+    # The kind from the flag and the address from the environment: both ways in are exercised.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PLANNER_EXECUTOR__ADDRESS": address}
+    # The driver's output goes to a file beside the results, for the assertion messages.
+    with open(cfg.parent / "driver.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "planner", "sweep", "--config", str(cfg), "--output", str(out), "--executor", "ray"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+
+
+def driver_log(cfg: Path) -> str:
+    return (cfg.parent / "driver.log").read_text(errors="replace")[-3000:]
+
+
+def wait_for(out: Path, ready, timeout_s: float = 120) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            data = json.loads((out / "sweep.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            data = None
+        if data and ready(data):
+            return data
+        time.sleep(0.2)
+    raise AssertionError(f"sweep.json never got there: {data}")
+
+
+def running_with_steps(data: dict) -> list[dict]:
+    return [p for p in data["points"] if p["status"] == "running" and p["steps"] and p.get("node_id")]
+
+
+@pytest.mark.timeout(120)
+def test_a_point_wider_than_any_node_is_not_enough_gpus_without_a_launch(cluster, tmp_path):
+    cfg = write_config(tmp_path, tp=[4], kv_bytes=["4M"], address=cluster.address)
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "infeasible"
+    assert point.failure.kind == "not_enough_gpus"
+    assert "GPU 4" in point.failure.message
+    assert point.failure.message.count(": 2 GPU") == 2, point.failure.message  # both GPU nodes, named
+    assert point.command == [] and point.started_at is None
+    assert not (out / "points").exists()
+
+
+@pytest.mark.timeout(420)
+def test_points_run_on_both_nodes_on_disjoint_gpus_with_the_local_results(cluster, tmp_path):
+    ray_cfg = write_config(tmp_path / "ray", tp=[1, 2], kv_bytes=["4M", "8M"], address=cluster.address)
+    assert main(["sweep", "--config", str(ray_cfg), "--output", str(tmp_path / "ray-out")]) == 0
+    on_ray = SweepResults.model_validate_json((tmp_path / "ray-out" / "sweep.json").read_text())
+
+    # The same points one after another on this machine; the fake sees two GPUs as the nodes' do.
+    local_cfg = write_config(tmp_path / "local", tp=[1, 2], kv_bytes=["4M", "8M"], executor="local")
+    local_cfg.write_text(local_cfg.read_text().replace('FAKE_VLLM_TTFT_S = "0.005"', 'FAKE_VLLM_TTFT_S = "0.005", FAKE_VLLM_GPUS = "2"'))
+    assert main(["sweep", "--config", str(local_cfg), "--output", str(tmp_path / "local-out")]) == 0
+    local = SweepResults.model_validate_json((tmp_path / "local-out" / "sweep.json").read_text())
+
+    assert [p.id for p in on_ray.points] == [p.id for p in local.points]
+    for r, loc in zip(on_ray.points, local.points):
+        assert r.status == "ok", (r.id, r.failure)
+        assert {k: getattr(r, k) for k in MEASURED} == {k: getattr(loc, k) for k in MEASURED}, r.id
+        assert [int(s.load.value) for s in r.steps] == [int(s.load.value) for s in loc.steps]
+        assert r.max_passing_concurrency == 2 and r.min_failing_concurrency == 3
+        assert len(r.gpu_ids) == r.gpus and r.gpu_model in MODELS and r.node_hostname
+        # The server's log came back from the node.
+        assert "Starting vLLM" in (tmp_path / "ray-out" / r.log_path).read_text()
+    # Which of two equal points wins is a throughput tie-break, a timing: compare what it won on.
+    assert on_ray.best.safe_concurrency_per_gpu == local.best.safe_concurrency_per_gpu == 1
+
+    assert len({p.node_id for p in on_ray.points}) == 2, "both GPU nodes ran points"
+
+    def span(p):
+        start = time.mktime(time.strptime(p.started_at[:19], "%Y-%m-%dT%H:%M:%S"))
+        return start, start + p.duration_s
+
+    overlapping = [
+        (a, b) for i, a in enumerate(on_ray.points) for b in on_ray.points[i + 1:]
+        if span(a)[0] < span(b)[1] and span(b)[0] < span(a)[1]
+    ]
+    assert overlapping, "no two points ran at the same time"
+    for a, b in overlapping:
+        if a.node_id == b.node_id:
+            assert not set(a.gpu_ids) & set(b.gpu_ids), (a.id, a.gpu_ids, b.id, b.gpu_ids)
+
+    # Per-GPU figures grouped by GPU model, since the two nodes' models differ.
+    report = (tmp_path / "ray-out" / "report.md").read_text()
+    for model in {p.gpu_model for p in on_ray.points}:
+        assert f"### {model}" in report
+    assert fake_servers(ray_cfg) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_point_whose_node_dies_is_retried_on_the_other_node(cluster, tmp_path):
+    cfg = write_config(tmp_path, tp=[2], kv_bytes=["4M", "8M"])
+    out = tmp_path / "out"
+    driver = start_driver(cfg, out, cluster.address)
+    try:
+        data = wait_for(out, running_with_steps)
+        victim = running_with_steps(data)[0]
+        (node,) = [n for n in cluster.worker_nodes if n.node_id == victim["node_id"]]
+        cluster.remove_node(node, allow_graceful=False)
+        assert driver.wait(timeout=240) == 0, driver_log(cfg)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        cluster.add_node(**NODE, resources={f"accelerator_type:{MODELS[0]}": 1})
+    results = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    assert [p.status for p in results.points] == ["ok", "ok"], [p.failure for p in results.points]
+    retried = next(p for p in results.points if p.id == victim["id"])
+    assert retried.node_id != victim["node_id"]
+    assert retried.max_passing_concurrency == 2
+    # The retry starts over: only its own steps are kept.
+    assert [int(s.load.value) for s in retried.steps] == [2, 4, 3]
+    time.sleep(1)
+    assert fake_servers(cfg) == []
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_on_the_driver_leaves_no_server_and_no_worker_on_any_node(cluster, tmp_path):
+    cfg = write_config(tmp_path, tp=[1, 2], kv_bytes=["4M", "8M"])
+    out = tmp_path / "out"
+    workers_before = ray_workers()
+    driver = start_driver(cfg, out, cluster.address)
+    try:
+        wait_for(out, lambda d: len(running_with_steps(d)) >= 2)
+        assert fake_servers(cfg), "no server ran"
+        driver.send_signal(signal.SIGINT)
+        assert driver.wait(timeout=20) == 130, driver_log(cfg)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (fake_servers(cfg) or ray_workers() - workers_before):
+            time.sleep(0.5)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert fake_servers(cfg) == []
+    assert ray_workers() - workers_before == set()
+    interrupted = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    assert interrupted.interrupted
+    statuses = [p.status for p in interrupted.points]
+    assert statuses.count("failed") >= 2
+    assert all(p.failure.kind == "interrupted" for p in interrupted.points if p.status == "failed")
+    assert all(p.steps for p in interrupted.points if p.status == "failed"), "what was measured is kept"
