@@ -61,10 +61,11 @@ def _node_models(resources: dict[str, float]) -> list[str]:
 class RayCluster:
     """The driver's side: a connection to the cluster and the points running on it."""
 
-    def __init__(self, executor: ExecutorSection, *, owns_connection: bool) -> None:
+    def __init__(self, executor: ExecutorSection, *, owns_connection: bool, nodes: list[dict] | None = None) -> None:
         self.executor = executor
         self._owns_connection = owns_connection
-        self.nodes = [n for n in ray.nodes() if n.get("Alive")]
+        # ray.nodes()'s entries: NodeID, Alive, NodeManagerHostname, Resources, ...
+        self.nodes = [n for n in (ray.nodes() if nodes is None else nodes) if n.get("Alive")]
 
     @classmethod
     def connect(cls, executor: ExecutorSection) -> RayCluster:

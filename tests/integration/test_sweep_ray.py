@@ -206,10 +206,8 @@ def test_points_run_on_both_nodes_on_disjoint_gpus_with_the_local_results(cluste
     assert fake_servers(ray_cfg) == []
 
 
-@pytest.mark.timeout(300)
-def test_a_point_whose_node_dies_is_retried_on_the_other_node(cluster, tmp_path):
-    cfg = write_config(tmp_path, tp=[2], kv_bytes=["4M", "8M"])
-    out = tmp_path / "out"
+def kill_a_running_node(cluster, cfg: Path, out: Path) -> tuple[dict, SweepResults]:
+    """Start the sweep, kill the node of a point that has measured a step, let the sweep end."""
     driver = start_driver(cfg, out, cluster.address)
     try:
         data = wait_for(out, running_with_steps)
@@ -220,14 +218,37 @@ def test_a_point_whose_node_dies_is_retried_on_the_other_node(cluster, tmp_path)
     finally:
         if driver.poll() is None:
             driver.kill()
+        # The next test gets a cluster of two GPU nodes again.
         cluster.add_node(**NODE, resources={f"accelerator_type:{MODELS[0]}": 1})
-    results = SweepResults.model_validate_json((out / "sweep.json").read_text())
+        cluster.wait_for_nodes()
+    return victim, SweepResults.model_validate_json((out / "sweep.json").read_text())
+
+
+@pytest.mark.timeout(300)
+def test_a_point_whose_node_dies_is_retried_on_the_other_node(cluster, tmp_path):
+    cfg = write_config(tmp_path, tp=[2], kv_bytes=["4M", "8M"])
+    victim, results = kill_a_running_node(cluster, cfg, tmp_path / "out")
     assert [p.status for p in results.points] == ["ok", "ok"], [p.failure for p in results.points]
     retried = next(p for p in results.points if p.id == victim["id"])
     assert retried.node_id != victim["node_id"]
     assert retried.max_passing_concurrency == 2
     # The retry starts over: only its own steps are kept.
     assert [int(s.load.value) for s in retried.steps] == [2, 4, 3]
+    time.sleep(1)
+    assert fake_servers(cfg) == []
+
+
+@pytest.mark.timeout(300)
+def test_without_retries_a_lost_node_fails_its_point_and_the_sweep_goes_on(cluster, tmp_path):
+    cfg = write_config(tmp_path, tp=[2], kv_bytes=["4M", "8M"], max_retries=0)
+    victim, results = kill_a_running_node(cluster, cfg, tmp_path / "out")
+    lost = next(p for p in results.points if p.id == victim["id"])
+    assert lost.status == "failed" and lost.failure.kind == "node_lost"
+    assert "max_retries = 0" in lost.failure.message
+    assert lost.steps, "the steps measured before the node died are kept"
+    (other,) = [p for p in results.points if p.id != victim["id"]]
+    assert other.status == "ok" and other.max_passing_concurrency == 2
+    assert results.best.point_id == other.id
     time.sleep(1)
     assert fake_servers(cfg) == []
 
