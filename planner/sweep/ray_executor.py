@@ -28,7 +28,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.queue import Queue
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from planner import gpus as gpu_mod
 from planner.errors import ConfigError
@@ -43,6 +43,9 @@ from replay.corpus import Corpus
 ACCELERATOR_PREFIX = "accelerator_type:"
 # A point asks for a sliver of it, which is enough to be placed only where it exists.
 ACCELERATOR_AMOUNT = 0.001
+# Every Ray cluster's head node has this resource (value 1).
+HEAD_RESOURCE = "node:__internal_head__"
+HEAD_AMOUNT = 0.001
 # How often a node sends its point's events to the driver.
 RELAY_EVERY_S = 0.25
 # Lines of a Ray error kept in a failure message (its tracebacks run long).
@@ -124,13 +127,9 @@ class RayCluster:
     async def run(self, ctx: SweepContext, todo: list[tuple[Point, PointResult]]) -> None:
         if not todo:
             return
-        # On the driver's node, so the relay does not go down with a node that runs points.
-        relay = Queue(
-            actor_options={
-                "num_cpus": 0,
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
-            }
-        )
+        # On the head node (Ray's node:__internal_head__ resource), so the relay does not go down
+        # with a node that runs points; the driver itself may be attached to any node.
+        relay = Queue(actor_options={"num_cpus": 0, "resources": {HEAD_RESOURCE: HEAD_AMOUNT}})
         settings_ref, corpus_ref = ray.put(ctx.settings), ray.put(ctx.corpus)
         by_id = {point.id: result for point, result in todo}
         finished: set[str] = set()
@@ -242,7 +241,12 @@ def _adopt(result: PointResult, snapshot: dict) -> None:
 
 async def _drain(relay: Queue, on_events) -> None:
     while True:
-        point_id, events = await relay.get_async()
+        try:
+            point_id, events = await relay.get_async()
+        except RayError:
+            # The relay is gone (its node died): live progress stops, but every point's result
+            # still comes back as its task's return value.
+            return
         on_events(point_id, events)
 
 
