@@ -28,6 +28,10 @@ FailureKind = Literal[
     "planner_error",
     "predicted_infeasible",
     "interrupted",
+    # Ray executor: the point's node (or its worker) went away max_retries + 1 times.
+    "node_lost",
+    # Ray executor: no node of the cluster has the GPUs (and node_selector resources) the point needs.
+    "not_enough_gpus",
 ]
 
 

@@ -91,6 +91,10 @@ class PlannerMetrics:
         self.safe_concurrency_per_gpu = Gauge(
             "planner_safe_concurrency_per_gpu", "Safe concurrency per GPU found for a finished point", ["point"], registry=r
         )
+        self.point_node = Gauge(
+            "planner_point_node_info", "Where a sweep point runs on a Ray cluster (always 1)", ["point", "node", "gpu_model"],
+            registry=r,
+        )
         self._point = DEFAULT_POINT
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -141,6 +145,13 @@ class PlannerMetrics:
         labels = {k: _label(config.get(k)) for k in POINT_INFO_KEYS}
         self.point_info.labels(point=point_id, model=model, **labels).set(1)
         self.inflight.labels(point=point_id).set(0)
+
+    def use_point(self, point_id: str) -> None:
+        """The point the next calls belong to: on a cluster several points report at once."""
+        self._point = point_id
+
+    def point_placed(self, point_id: str, node: str, gpu_model: str | None) -> None:
+        self.point_node.labels(point=point_id, node=node, gpu_model=_label(gpu_model)).set(1)
 
     def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
         # No series for a point without a safe concurrency: a 0 would read as "measured, carries nothing".

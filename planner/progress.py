@@ -35,6 +35,9 @@ class StepProgress:
         self._inflight = 0
         self._ttft_ms: list[float] = []
         self._p99_at = 0.0
+        # Other points' step state, while their events interleave with this one's (a cluster sweep).
+        self._point: str | None = None
+        self._parked: dict[str | None, tuple] = {}
 
     def __enter__(self) -> StepProgress:
         self._progress.start()
@@ -45,6 +48,16 @@ class StepProgress:
 
     def set_prefix(self, prefix: str) -> None:
         self._prefix = prefix
+
+    def use_point(self, point_id: str) -> None:
+        """The point the next calls belong to: each point keeps its own step line."""
+        if point_id == self._point:
+            return
+        self._parked[self._point] = (self._task, self._inflight, self._ttft_ms, self._p99_at, self._prefix)
+        self._point = point_id
+        self._task, self._inflight, self._ttft_ms, self._p99_at, self._prefix = self._parked.pop(
+            point_id, (None, 0, [], 0.0, f"{point_id}  ")
+        )
 
     # The sweep's point events: each step's line starts with the point it belongs to.
     def point_started(self, point_id: str, config: dict, model: str) -> None:

@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="size a fleet for this many requests/s in the report (env PLANNER_TARGET_RPS)")
     p.add_argument("--target-concurrency", type=int, default=env_default("PLANNER_TARGET_CONCURRENCY"),
                    help="size a fleet for this many concurrent requests in the report (env PLANNER_TARGET_CONCURRENCY)")
+    p.add_argument("--executor", choices=("local", "ray"), default=None,
+                   help="where points run: this machine or a Ray cluster (overrides [executor] kind; env PLANNER_EXECUTOR__KIND)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve the planner's Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server (default 127.0.0.1)")
     p.set_defaults(run=run)
@@ -58,6 +60,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         out["slo"] = {"headroom": args.headroom}
     if args.no_prune:
         out["estimate"] = {"prune": False}
+    if args.executor is not None:
+        out["executor"] = {"kind": args.executor}
     return out
 
 

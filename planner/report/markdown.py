@@ -160,6 +160,35 @@ def _points_section(data: ReportData) -> list[str]:
     return ["## Every point", ""] + table(header, rows)
 
 
+def _gpu_models_section(data: ReportData) -> list[str]:
+    """Per-GPU figures mean different things on different GPUs: when a cluster sweep ran points
+    on several models, each model's points are compared among themselves."""
+    by_model: dict[str, list] = {}
+    for p in data.points:
+        if p.gpu_model is not None:
+            by_model.setdefault(p.gpu_model, []).append(p)
+    if len(by_model) < 2:
+        return []
+    out = ["## By GPU model", ""]
+    for model, points in sorted(by_model.items()):
+        feasible = [p for p in points if p.feasible]
+        best = max(feasible, key=lambda p: (p.safe_per_gpu or 0.0, _throughput_per_gpu(p) or 0.0), default=None)
+        out += [f"### {model}", ""]
+        if best is not None:
+            out += [f"Best on {model}: `{best.id}`, {num(best.safe_per_gpu, 2)} safe concurrency per GPU.", ""]
+        rows = [
+            (
+                f"`{p.id}`" + (" **best**" if p is best else ""),
+                p.status + (f" ({p.failure.kind})" if p.failure else ""),
+                num(p.safe_per_gpu, 2),
+                num(_throughput_per_gpu(p)) if p.feasible else DASH,
+            )
+            for p in points
+        ]
+        out += table(["point", "status", "safe per GPU", "output tok/s per GPU"], rows)
+    return out
+
+
 def _failures_section(data: ReportData) -> list[str]:
     failed = [p for p in data.points if p.status != "ok" or p.failure is not None]
     if not failed:
@@ -347,6 +376,7 @@ def render(data: ReportData, plan: FleetPlan | None, plot_names: Sequence[str]) 
         lines += _fleet_section(plan, data)
     if data.kind == "sweep":
         lines += _points_section(data)
+        lines += _gpu_models_section(data)
     lines += _failures_section(data) if data.kind == "sweep" else []
     lines += _measured_vs_estimated(data)
     lines += _steps_section(data)

@@ -47,6 +47,8 @@ class PointView:
     kv_cache_tokens_predicted: int | None = None
     kv_cache_tokens_relative_error: float | None = None
     command: tuple[str, ...] = ()
+    # The GPUs' model the point ran on, when recorded (a cluster may mix models).
+    gpu_model: str | None = None
 
     @property
     def load_mode(self) -> str:
@@ -131,6 +133,7 @@ def _point(p: PointResult) -> PointView:
         kv_cache_tokens_predicted=p.kv_cache_tokens_predicted,
         kv_cache_tokens_relative_error=p.kv_cache_tokens_relative_error,
         command=tuple(p.command),
+        gpu_model=p.gpu_model,
     )
 
 

@@ -142,6 +142,49 @@ class EstimateSection(_Strict):
     gpu_memory_gib: float | None = Field(default=None, gt=0)
 
 
+# Ray's own forms: "auto" (the cluster this node belongs to), a Ray Client URL, or a GCS host:port.
+_RAY_ADDRESS = re.compile(r"^(auto|ray://[^\s:/]+:\d+|[^\s:/]+:\d+)$")
+
+
+class NodeSelector(_Strict):
+    # A GPU model a point must land on: Ray's accelerator type (H100, A100, L4, ...), which Ray
+    # detects on every node with NVIDIA GPUs and exposes as the resource accelerator_type:<model>.
+    gpu_type: str | None = None
+    # Ray custom resources (`ray start --resources '{"big-nvlink": 8}'`), asked for once per point.
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("resources")
+    @classmethod
+    def _positive_amounts(cls, resources: dict[str, float]) -> dict[str, float]:
+        for name, amount in resources.items():
+            if amount <= 0:
+                raise ValueError(f"resource {name!r}: amount {amount:g} must be > 0")
+        return resources
+
+
+class ExecutorSection(_Strict):
+    # "local": points run on this machine's GPUs (planner.gpus). "ray": each point is a Ray task
+    # holding a placement group of its GPUs on one node of a Ray cluster.
+    kind: Literal["local", "ray"] = "local"
+    address: str = "auto"
+    # Handed to ray.init as is (pip, env_vars, working_dir, container, ...).
+    runtime_env: dict[str, Any] | None = None
+    # Times a point is rerun after its node (or worker) was lost; a server that dies is not retried.
+    max_retries: int = Field(default=1, ge=0)
+    node_selector: NodeSelector = Field(default_factory=NodeSelector)
+    # CPUs reserved beside each point's GPUs, for the server's API process and the replay client.
+    cpus_per_point: float = Field(default=1.0, ge=0)
+
+    @field_validator("address")
+    @classmethod
+    def _ray_address(cls, address: str) -> str:
+        if not _RAY_ADDRESS.match(address):
+            raise ValueError(
+                f"{address!r} is not a Ray address: use \"auto\", \"ray://HOST:PORT\" (Ray Client) or \"HOST:PORT\" (the head's GCS)"
+            )
+        return address
+
+
 class SweepSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -153,6 +196,7 @@ class SweepSettings(BaseSettings):
     slo: SloSection = Field(default_factory=lambda: SloSection(**slo_mod.DEFAULT_SLO))
     gpus: GpusSection = Field(default_factory=GpusSection)
     estimate: EstimateSection = Field(default_factory=EstimateSection)
+    executor: ExecutorSection = Field(default_factory=ExecutorSection)
     # Paths starting with ./ or ../ are relative to the config file, others to the working directory.
     prompts: str = "prompts/prod.jsonl"
 

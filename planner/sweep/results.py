@@ -18,7 +18,15 @@ PointStatus = Literal["ok", "infeasible", "failed", "predicted_infeasible", "pen
 # Start-up failures that say the configuration cannot run (status "infeasible"), as opposed to a
 # broken launch (status "failed").
 INFEASIBLE_KINDS = frozenset(
-    {"kv_too_small", "no_kv_memory", "gpu_oom", "world_size_too_large", "heads_not_divisible", "max_model_len_too_long"}
+    {
+        "kv_too_small",
+        "no_kv_memory",
+        "gpu_oom",
+        "world_size_too_large",
+        "heads_not_divisible",
+        "max_model_len_too_long",
+        "not_enough_gpus",
+    }
 )
 
 
@@ -48,6 +56,11 @@ class PointResult(_Model):
     safe_concurrency: int | None = None
     gpus: int = 1
     gpu_ids: list[str] = Field(default_factory=list)
+    # Where the point ran: the GPUs' model (nvidia-smi's name, else Ray's accelerator type) and,
+    # with the Ray executor, the node's Ray id and hostname.
+    gpu_model: str | None = None
+    node_id: str | None = None
+    node_hostname: str | None = None
     safe_concurrency_per_gpu: float | None = None
     output_tokens_per_s_per_gpu: float | None = None
     binding_constraint: str | None = None

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner import gpus as gpu_mod
 from planner.capacity import Failure
@@ -34,6 +35,9 @@ from replay.results import StepResult, write_json_atomic
 from replay.search import bracket
 from replay.session import Replay, binding_constraint
 from replay.tokens import TOKENIZE_WORKERS, token_counts
+
+if TYPE_CHECKING:
+    from planner.sweep.ray_executor import RayCluster
 
 RESULTS_FILE = "sweep.json"
 FINISHED = {"ok", "infeasible", "predicted_infeasible"}
@@ -213,8 +217,9 @@ class PointRunner:
                 log_tail=log_tail(server.read_log()),
             )
             return
+        # GPUs known to nvidia-smi only: a Ray node may declare GPUs it has no nvidia-smi for.
         monitor: Callable[[], gpu_mod.GpuMemorySampler] | None = (
-            (lambda: gpu_mod.GpuMemorySampler(list(self.gpu_ids))) if self.gpu_ids else None
+            (lambda: gpu_mod.GpuMemorySampler(list(self.gpu_ids))) if self.gpu_ids and ctx.gpu_inventory else None
         )
         # A connection for every request in flight at the bound, and spare ones for /metrics.
         async with self._client(server, upper + METRICS_CONNECTIONS) as client:
@@ -291,7 +296,11 @@ def _reusable(earlier: PointResult, *, prune: bool) -> bool:
     one refused for want of GPUs here (the planner's limit, not the configuration's)."""
     if earlier.status == "predicted_infeasible" and not prune:
         return False
-    return not (earlier.failure is not None and earlier.failure.kind == "world_size_too_large" and not earlier.command)
+    return not (
+        earlier.failure is not None
+        and earlier.failure.kind in ("world_size_too_large", "not_enough_gpus")
+        and not earlier.command
+    )
 
 
 def _new_result(point: Point, fp: str) -> PointResult:
@@ -317,6 +326,8 @@ async def _run_point(ctx: SweepContext, point: Point, result: PointResult, gpu_i
     observer.point_started(point.id, point.config, ctx.settings.server.model)
     result.started_at = _now()
     result.gpu_ids = list(gpu_ids)
+    models = sorted({g.name for g in ctx.gpu_inventory if g.index in gpu_ids})
+    result.gpu_model = ", ".join(models) or result.gpu_model
     try:
         await PointRunner(ctx, point, result, gpu_ids).run()
     finally:
@@ -333,10 +344,32 @@ async def run_sweep(
     predict: Callable[[Point, list], Estimate | NotPredicted | None] | None = None,
 ) -> SweepResults:
     """Run every point of the grid (or reuse it with --resume) and choose the best."""
-    output_dir = Path(output_dir)
+    if settings.executor.kind == "local":
+        return await _sweep(settings, corpus, Path(output_dir), resume, observers, predict, cluster=None)
+    # Imported here: Ray is an optional extra that a local sweep never needs.
+    from planner.sweep.ray_executor import RayCluster
+
+    cluster = RayCluster.connect(settings.executor)
+    try:
+        return await _sweep(settings, corpus, Path(output_dir), resume, observers, predict, cluster=cluster)
+    finally:
+        cluster.close()
+
+
+async def _sweep(
+    settings: SweepSettings,
+    corpus: Corpus,
+    output_dir: Path,
+    resume: bool,
+    observers: list | None,
+    predict: Callable[[Point, list], dict | None] | None,
+    *,
+    cluster: RayCluster | None,
+) -> SweepResults:
     points = expand(settings)
     version = await asyncio.to_thread(probe_version, settings.server.command, settings.server.env)
-    inventory = gpu_mod.discover(settings.gpus.devices)
+    # On a cluster, this machine's GPUs are not the ones points run on.
+    inventory = gpu_mod.discover(settings.gpus.devices) if cluster is None else []
     earlier = previous_results(output_dir) if resume else {}
     run = RunInfo(
         corpus=CorpusInfo(path=str(corpus.path), sha256=corpus.sha256, requests=len(corpus)),
@@ -363,6 +396,9 @@ async def run_sweep(
         if inventory and point.gpus > len(inventory):
             result.status, result.failure = "infeasible", _too_many_gpus(point, len(inventory))
             continue
+        if cluster is not None and (unplaceable := cluster.unplaceable(point)) is not None:
+            result.status, result.failure = "infeasible", unplaceable
+            continue
         if predict is not None:
             prediction = predict(point, inventory)
             if prediction is not None:
@@ -382,6 +418,9 @@ async def run_sweep(
     ctx.save()
 
     try:
+        if cluster is not None:
+            await cluster.run(ctx, todo)
+            return ctx.results
         waves = gpu_mod.plan_placement([p.gpus for p, _ in todo], [g.index for g in inventory])
         if settings.server.port:
             # One fixed port (a container's published port, say) carries one server at a time.

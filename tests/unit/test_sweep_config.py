@@ -75,7 +75,7 @@ def test_unknown_key_names_the_key_its_line_and_the_valid_ones(tmp_path):
 
 
 def test_unknown_table(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown key 'grids' in \[\(top level\)\]; valid keys: estimate, gpus, grid"):
+    with pytest.raises(ConfigError, match=r"unknown key 'grids' in \[\(top level\)\]; valid keys: estimate, executor, gpus, grid"):
         load_settings(write(tmp_path, BASE + "\n[grids]\nx = 1\n"))
 
 
@@ -223,3 +223,41 @@ def test_server_view_slos_in_the_slo_table(tmp_path):
     }
     with pytest.raises(ConfigError, match=r"keep no maximum"):
         load_settings(write(tmp_path, BASE.replace("ttft_p99_ms = 800", "server_ttft_max_ms = 800")))
+
+
+def test_executor_table_is_strict_and_explained(tmp_path):
+    path = write(tmp_path, BASE + """
+[executor]
+kind = "slurm"
+address = "head"
+max_retries = -1
+retries = 2
+[executor.node_selector]
+resources = { nvlink = 0 }
+""")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    text = str(err.value)
+    lines = BASE.count("\n")
+    assert f"sweep.toml:{lines + 3}: executor.kind: Input should be 'local' or 'ray' (got 'slurm')" in text
+    assert f"sweep.toml:{lines + 4}: executor.address: 'head' is not a Ray address" in text
+    assert f"sweep.toml:{lines + 5}: executor.max_retries" in text
+    assert f"sweep.toml:{lines + 6}: unknown key 'executor.retries' in [executor]; valid keys: address," in text
+    assert "executor.node_selector.resources: resource 'nvlink': amount 0 must be > 0" in text
+
+
+def test_executor_from_the_file_the_environment_and_the_flag(tmp_path, monkeypatch):
+    from planner.commands.sweep import overrides_from_args
+    from planner.cli import build_parser
+
+    path = write(tmp_path, BASE + '\n[executor]\nkind = "local"\naddress = "ray://head:10001"\n[executor.node_selector]\ngpu_type = "H100"\n')
+    settings = load_settings(path)
+    assert settings.executor.kind == "local" and settings.executor.max_retries == 1
+    assert settings.executor.node_selector.gpu_type == "H100"
+    monkeypatch.setenv("PLANNER_EXECUTOR__KIND", "ray")
+    assert load_settings(path).executor.kind == "ray"
+    monkeypatch.setenv("PLANNER_EXECUTOR__KIND", "local")
+    args = build_parser().parse_args(["sweep", "--config", str(path), "--executor", "ray"])
+    settings = load_settings(path, overrides_from_args(args))
+    assert settings.executor.kind == "ray"
+    assert settings.executor.address == "ray://head:10001", "the flag sets the kind and keeps the file's other keys"

@@ -1,0 +1,76 @@
+"""A remote point's live events, carried to the driver's observers (progress display, exporter).
+
+On the node, a RelayObserver stands in for the driver's observers: it records each observer
+call, and each snapshot of the point's result, as plain data. The executor ships the batches
+(planner.sweep.ray_executor, through a Ray queue) and the driver replays them with `dispatch`.
+Nothing here knows about Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from planner.sweep.results import PointResult
+from replay.records import RequestRecord
+from replay.results import LoadSpec, StepResult
+
+# (method, args, kwargs) for an observer call; ("result", (snapshot,), {}) for a result snapshot.
+Event = tuple[str, tuple, dict]
+RESULT = "result"
+
+
+class RelayObserver:
+    """Implements replay.observer.ReplayObserver and the sweep's point_started, for one point."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+
+    def point_started(self, point_id: str, config: dict, model: str) -> None:
+        self._events.append(("point_started", (point_id, config, model), {}))
+
+    # point_finished is the driver's own: it knows the final result even when the node is gone.
+
+    def point_placed(self, point_id: str, node: str, gpu_model: str | None) -> None:
+        self._events.append(("point_placed", (point_id, node, gpu_model), {}))
+
+    def step_started(self, load: LoadSpec) -> None:
+        self._events.append(("step_started", (load,), {}))
+
+    def request_sent(self) -> None:
+        self._events.append(("request_sent", (), {}))
+
+    def request_finished(self, record: RequestRecord, *, measured: bool) -> None:
+        self._events.append(("request_finished", (record,), {"measured": measured}))
+
+    def step_finished(self, step: StepResult) -> None:
+        self._events.append(("step_finished", (step,), {}))
+
+    def result(self, result: PointResult) -> None:
+        self._events.append((RESULT, (result.model_dump(mode="json"),), {}))
+
+    def take(self) -> list[Event]:
+        """The events since the last take, with only the newest result snapshot kept."""
+        events, self._events = self._events, []
+        last = max((i for i, e in enumerate(events) if e[0] == RESULT), default=None)
+        return [e for i, e in enumerate(events) if e[0] != RESULT or i == last]
+
+
+def dispatch(
+    point_id: str, events: Iterable[Event], observers: Iterable[Any], on_result: Callable[[dict], None]
+) -> None:
+    """Replay one point's events on the driver. Points run at once on a cluster, so an observer
+    that keeps per-point state is told which point each call belongs to (`use_point`)."""
+    observers = list(observers)
+    for method, args, kwargs in events:
+        if method == RESULT:
+            on_result(*args)
+            continue
+        for o in observers:
+            fn = getattr(o, method, None)
+            if fn is None:
+                continue
+            use_point = getattr(o, "use_point", None)
+            if use_point is not None:
+                use_point(point_id)
+            fn(*args, **kwargs)
