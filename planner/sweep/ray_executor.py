@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import signal
 import socket
 import tempfile
 from pathlib import Path
@@ -76,6 +77,9 @@ class RayCluster:
         if ray.is_initialized():
             # A caller (a notebook, a test) already holds a connection: use it, leave it open.
             return cls(executor, owns_connection=False)
+        # ray.init replaces the SIGTERM handler with sys.exit(15); the command's own (planner.interrupt:
+        # cancel the sweep, keep what was measured, exit 143) must stay.
+        sigterm = signal.getsignal(signal.SIGTERM)
         try:
             ray.init(address=executor.address, runtime_env=executor.runtime_env, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as exc:
@@ -84,6 +88,10 @@ class RayCluster:
                 " with `ray start --head` (and `ray start --address HEAD:6379` on the other nodes), or give its"
                 " address (HOST:PORT, ray://HOST:10001)"
             ) from None
+        finally:
+            # Off the main thread neither handler can be set (ValueError): nothing was replaced.
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signal.SIGTERM, sigterm)
         return cls(executor, owns_connection=True)
 
     def close(self) -> None:

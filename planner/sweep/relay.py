@@ -29,7 +29,9 @@ class RelayObserver:
     def point_started(self, point_id: str, config: dict, model: str) -> None:
         self._events.append(("point_started", (point_id, config, model), {}))
 
-    # point_finished is the driver's own: it knows the final result even when the node is gone.
+    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
+        """Not relayed: the driver tells its observers itself once the task's result is in, which
+        it knows even when the node is gone."""
 
     def point_placed(self, point_id: str, node: str, gpu_model: str | None) -> None:
         self._events.append(("point_placed", (point_id, node, gpu_model), {}))
