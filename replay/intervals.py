@@ -9,9 +9,8 @@ first non-positive autocorrelation).
 - Percentiles: distribution-free binomial order-statistic bounds. The number of requests at or
   below the true q-quantile is Binomial(n_eff, q); the ranks that hold it with 97.5% on each side
   are mapped back to the full sorted sample. tau is that of the indicator series 1[x <= q_hat],
-  floored by the median indicator's: a rare tail indicator's autocorrelation is poorly
-  estimated, the median's is not. A side is None when it would need a rank outside the sample
-  (a p99 upper bound needs about 370 independent requests).
+  the series whose count the binomial describes. A side is None when it would need a rank
+  outside the sample (a p99 upper bound needs 368 independent requests).
 - Means: normal interval with n_eff from the series itself.
 - Fractions (SLO attainment): Wilson score interval on n_eff.
 - Rates (requests/s, tokens/s): non-overlapping batch means over 10 equal slices of the window,
@@ -83,9 +82,7 @@ def min_sample_for(q: float) -> int:
 
 
 def quantile_tau(arr: np.ndarray, q: float) -> float:
-    tau_q = autocorrelation_time((arr <= np.quantile(arr, q)).astype(float))
-    tau_median = autocorrelation_time((arr <= np.median(arr)).astype(float))
-    return max(tau_q, tau_median)
+    return autocorrelation_time((arr <= np.quantile(arr, q)).astype(float))
 
 
 def quantile_interval(values: Sequence[float] | np.ndarray, q: float, *, tau: float | None = None) -> Bounds:
@@ -146,8 +143,6 @@ def latency_intervals(values: Sequence[float] | np.ndarray) -> dict[str, list[fl
     if arr.size == 0:
         return None
     out: dict[str, list[float | None]] = {"mean": list(mean_interval(arr))}
-    median_tau = autocorrelation_time((arr <= np.median(arr)).astype(float))
     for name, q in QUANTILES.items():
-        tau = max(median_tau, autocorrelation_time((arr <= np.quantile(arr, q)).astype(float)))
-        out[name] = list(quantile_interval(arr, q, tau=tau))
+        out[name] = list(quantile_interval(arr, q))
     return out

@@ -6,6 +6,13 @@ Latency keys are `<metric>_<stat>_ms` with metric in ttft, itl, tpot, e2e and st
 p90, p95, p99, max; each is an upper bound. `error_rate` bounds failed / (ok + failed);
 `max_preemptions` bounds the server's preemptions during the step; `kv_cache_usage_max` bounds
 the peak KV-cache usage (a 0-1 fraction); `max_waiting` bounds the peak of waiting requests.
+`min_slo_attainment` is a lower bound on the fraction of requests that met every per-request
+bound (see `per_request_bounds`), as vLLM's `--goodput` and DistServe state an SLO.
+
+Verdicts are three-valued: a latency percentile or mean passes when its whole 95% interval meets
+the bound, fails when the whole interval breaks it, and is inconclusive otherwise; attainment
+likewise on its interval. Maxima, error rates and the server's counts and peaks are judged as
+measured.
 """
 
 from __future__ import annotations
@@ -13,13 +20,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from replay import intervals
 from replay.errors import SloSpecError
-from replay.results import StepResult
+from replay.results import StepResult, Verdict
 
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 SERVER_KEYS = ("max_preemptions", "kv_cache_usage_max", "max_waiting")
 OTHER_KEYS = ("error_rate",) + SERVER_KEYS
+ATTAINMENT_KEY = "min_slo_attainment"
+# Metrics whose per-request value is bounded for SLO attainment and goodput (ITL is per gap).
+PER_REQUEST_METRICS = ("ttft", "tpot", "e2e")
 _LATENCY_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(mean|p50|p90|p95|p99|max)_ms$")
 
 DEFAULT_SLO: dict[str, float] = {
@@ -33,12 +44,14 @@ DEFAULT_SLO: dict[str, float] = {
 
 VALID_KEYS_HELP = (
     "<ttft|itl|tpot|e2e>_<mean|p50|p90|p95|p99|max>_ms, error_rate, max_preemptions, "
-    "kv_cache_usage_max, max_waiting"
+    "kv_cache_usage_max, max_waiting, min_slo_attainment"
 )
+# A window never closes on fewer measured requests than this, whatever the SLOs.
+MIN_REQUESTS_FLOOR = 100
 
 
 def check_key(key: str) -> None:
-    if not (_LATENCY_KEY.match(key) or key in OTHER_KEYS):
+    if not (_LATENCY_KEY.match(key) or key in OTHER_KEYS or key == ATTAINMENT_KEY):
         raise SloSpecError(f"unknown SLO {key!r}; valid SLOs are {VALID_KEYS_HELP}")
 
 
@@ -52,7 +65,7 @@ def validate(slo: Mapping[str, float]) -> dict[str, float]:
             raise SloSpecError(f"SLO {key}: {value!r} is not a number") from None
         if number < 0:
             raise SloSpecError(f"SLO {key}: {value!r} is negative; bounds are >= 0")
-        if key in ("error_rate", "kv_cache_usage_max") and number > 1:
+        if key in ("error_rate", "kv_cache_usage_max", ATTAINMENT_KEY) and number > 1:
             raise SloSpecError(f"SLO {key}: {value!r} is a fraction and must be between 0 and 1")
         out[key] = number
     return out
@@ -82,6 +95,10 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
             if value is None or value > bound:
                 violations.append(key)
             continue
+        if key == ATTAINMENT_KEY:
+            if step.slo_attainment is None or step.slo_attainment < bound:
+                violations.append(key)
+            continue
         if key == "error_rate":
             total = step.requests_ok + step.requests_failed
             if total == 0 or step.requests_failed / total > bound:
@@ -97,3 +114,80 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
         elif server_value > bound:
             violations.append(key)
     return violations, unverified
+
+
+def per_request_bounds(slo: Mapping[str, float]) -> dict[str, float]:
+    """The bound each request's TTFT, TPOT and e2e latency must meet to count as attained: the
+    loosest bound set on that metric (a p99 bound, say, rather than a p50 one)."""
+    bounds: dict[str, float] = {}
+    for key, bound in slo.items():
+        match = _LATENCY_KEY.match(key)
+        if match and match.group(1) in PER_REQUEST_METRICS:
+            metric = match.group(1)
+            bounds[metric] = max(bound, bounds.get(metric, bound))
+    return bounds
+
+
+def min_requests_for(slo: Mapping[str, float]) -> int:
+    """Measured requests a window needs before its bounds can be finite: a p99 bound needs a
+    finite upper bound on the p99 (368 independent requests), never fewer than 100."""
+    needed = [MIN_REQUESTS_FLOOR]
+    for key, bound in slo.items():
+        match = _LATENCY_KEY.match(key)
+        if match and match.group(2) in intervals.QUANTILES:
+            needed.append(intervals.min_sample_for(intervals.QUANTILES[match.group(2)]))
+        elif key == ATTAINMENT_KEY and 0 < bound < 1:
+            needed.append(intervals.min_sample_for(bound))
+    return max(needed)
+
+
+def _interval_verdict(bounds: list[float | None] | None, point: float | None, bound: float, *, upper: bool) -> Verdict:
+    """`upper`: the figure must stay at or below the bound (latencies); else at or above it."""
+    if bounds is None:
+        # A result written before intervals existed: judged as measured.
+        if point is None:
+            return "fail"
+        return "pass" if (point <= bound if upper else point >= bound) else "fail"
+    lo, hi = bounds
+    if upper:
+        if hi is not None and hi <= bound:
+            return "pass"
+        if lo is not None and lo > bound:
+            return "fail"
+    else:
+        if lo is not None and lo >= bound:
+            return "pass"
+        if hi is not None and hi < bound:
+            return "fail"
+    return "inconclusive"
+
+
+def verdicts(step: StepResult, slo: Mapping[str, float]) -> tuple[dict[str, Verdict], list[str]]:
+    """Per-SLO verdicts for a step, and the SLOs that could not be checked (left out of the first)."""
+    violations, unverified = evaluate(step, slo)
+    out: dict[str, Verdict] = {}
+    for key, bound in slo.items():
+        if key in unverified:
+            continue
+        match = _LATENCY_KEY.match(key)
+        if match and match.group(2) != "max":
+            metric, stat = match.groups()
+            summary = getattr(step, f"{metric}_ms")
+            point = getattr(summary, stat)
+            if point is None:
+                out[key] = "fail"
+            else:
+                ci = summary.ci95.get(stat) if summary.ci95 is not None else None
+                out[key] = _interval_verdict(ci, point, bound, upper=True)
+        elif key == ATTAINMENT_KEY and bound < 1 and step.slo_attainment is not None:
+            out[key] = _interval_verdict(step.slo_attainment_ci95, step.slo_attainment, bound, upper=False)
+        else:
+            out[key] = "fail" if key in violations else "pass"
+    return out, unverified
+
+
+def step_verdict(rule_verdicts: Mapping[str, Verdict]) -> Verdict:
+    values = set(rule_verdicts.values())
+    if "fail" in values:
+        return "fail"
+    return "inconclusive" if "inconclusive" in values else "pass"

@@ -56,7 +56,8 @@ def _row(text: str, point_id: str) -> list[str]:
 def test_fixtures_match_the_results_schemas_exactly(name: str, model: type) -> None:
     raw = json.loads((FIXTURES / name).read_text())
     # The models ignore unknown keys, so a misspelled fixture key would vanish in the round trip.
-    assert model.model_validate(raw).model_dump(mode="json") == raw
+    # The fixtures predate later fields (intervals, verdicts): those stay unset and are not dumped.
+    assert model.model_validate(raw).model_dump(mode="json", exclude_unset=True) == raw
 
 
 def _check_png(path: Path) -> None:
