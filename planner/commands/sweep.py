@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         exporter = PlannerMetrics()
         exporter.start(host=args.metrics_host, port=args.metrics_port)
     try:
-        with StepProgress(settings.replay.min_requests) as progress:
+        with StepProgress(settings.replay.window(settings.slo.rules()).min_requests) as progress:
             results = asyncio.run(
                 run_sweep(
                     settings,

@@ -98,6 +98,10 @@ class PointResult(_Model):
     safe_concurrency_per_gpu: float | None = None
     output_tokens_per_s_per_gpu: float | None = None
     binding_constraint: str | None = None
+    # max_passing_concurrency passed again on fresh prompts; the knee lies in knee_interval
+    # [highest conclusive pass, lowest conclusive fail]. Absent in older files.
+    confirmed: bool | None = None
+    knee_interval: list[int | None] | None = None
     # Peak used memory per GPU over the point's steps, and what was left of each GPU's total.
     gpu_memory_peak_mib: dict[str, float] | None = None
     gpu_memory_headroom_mib: dict[str, float] | None = None

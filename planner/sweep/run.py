@@ -30,7 +30,7 @@ from replay.errors import ReplayError, StepAborted
 from replay.observer import Observers
 from replay.results import StepResult, write_json_atomic
 from replay.search import bracket
-from replay.session import Replay, binding_constraint
+from replay.session import Replay, binding_constraint, knee
 from replay.tokens import TOKENIZE_WORKERS, token_counts
 
 RESULTS_FILE = "sweep.json"
@@ -275,6 +275,7 @@ class PointRunner:
         r.max_passing_concurrency = lo
         r.min_failing_concurrency = hi
         r.binding_constraint = binding_constraint(r.steps, hi, limit if hi is None and lo == upper else None)
+        r.confirmed, r.knee_interval = knee(r.steps)
         r.safe_concurrency = safe_concurrency(lo, settings.slo.headroom)
         gpus = self.point.gpus
         r.gpus = gpus
