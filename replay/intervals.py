@@ -99,6 +99,30 @@ def quantile_interval(values: Sequence[float] | np.ndarray, q: float, *, tau: fl
     return lo, hi
 
 
+def quantile_versus_bound(values: Sequence[float] | np.ndarray, q: float, bound: float) -> int:
+    """+1 when the q-quantile is shown at or below `bound`, -1 when shown above it, 0 when neither.
+
+    The same order-statistic test as `quantile_interval` (X_(r) <= bound exactly when at least r
+    values are), with tau read on the series that test counts, 1[x <= bound]. Far from the bound
+    that series barely varies and the verdict comes at once; near it, it is the quantile's own
+    indicator. A sample of nearly equal values with a slow drift (its median indicator then looks
+    strongly correlated) is judged on what matters: where it lies against the bound.
+    """
+    arr = np.asarray(values, dtype=float)
+    n = arr.size
+    if n == 0:
+        return -1
+    hits = arr <= bound
+    n_eff = effective_size(n, autocorrelation_time(hits.astype(float)))
+    lo_rank, hi_rank = order_statistic_ranks(n_eff, q)
+    count = int(hits.sum())
+    if hi_rank is not None and count >= min(n, math.ceil(hi_rank * n / n_eff)):
+        return 1
+    if lo_rank is not None and count < max(1, math.floor(lo_rank * n / n_eff)):
+        return -1
+    return 0
+
+
 def mean_interval(values: Sequence[float] | np.ndarray) -> Bounds:
     arr = np.asarray(values, dtype=float)
     if arr.size < 2:

@@ -18,7 +18,7 @@ measured.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from replay import intervals
 from replay.errors import SloSpecError
@@ -162,8 +162,13 @@ def _interval_verdict(bounds: list[float | None] | None, point: float | None, bo
     return "inconclusive"
 
 
-def verdicts(step: StepResult, slo: Mapping[str, float]) -> tuple[dict[str, Verdict], list[str]]:
-    """Per-SLO verdicts for a step, and the SLOs that could not be checked (left out of the first)."""
+def verdicts(
+    step: StepResult, slo: Mapping[str, float], samples: Mapping[str, Sequence[float]] | None = None
+) -> tuple[dict[str, Verdict], list[str]]:
+    """Per-SLO verdicts for a step, and the SLOs that could not be checked (left out of the first).
+
+    `samples` (metric -> values in arrival order, as the step measured them) lets a percentile be
+    judged by `intervals.quantile_versus_bound`; without them (a saved result) by its ci95."""
     violations, unverified = evaluate(step, slo)
     out: dict[str, Verdict] = {}
     for key, bound in slo.items():
@@ -176,6 +181,9 @@ def verdicts(step: StepResult, slo: Mapping[str, float]) -> tuple[dict[str, Verd
             point = getattr(summary, stat)
             if point is None:
                 out[key] = "fail"
+            elif samples is not None and metric in samples and stat in intervals.QUANTILES:
+                sign = intervals.quantile_versus_bound(samples[metric], intervals.QUANTILES[stat], bound)
+                out[key] = {1: "pass", -1: "fail", 0: "inconclusive"}[sign]
             else:
                 ci = summary.ci95.get(stat) if summary.ci95 is not None else None
                 out[key] = _interval_verdict(ci, point, bound, upper=True)

@@ -299,7 +299,7 @@ async def run_step(
         slo=slo,
     )
     if slo is not None:
-        rule_verdicts, unverified = slo_mod.verdicts(result, slo)
+        rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(state.measured, spec))
         verdict = slo_mod.step_verdict(rule_verdicts)
         result = result.model_copy(
             update={
@@ -333,7 +333,7 @@ def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], flo
             client=ClientSummary(),
             slo=slo,
         )
-        rule_verdicts, _ = slo_mod.verdicts(partial, slo)
+        rule_verdicts, _ = slo_mod.verdicts(partial, slo, latency_samples(measured, spec))
         return slo_mod.step_verdict(rule_verdicts) != "inconclusive"
 
     return conclusive
@@ -427,6 +427,15 @@ def build_result(
         goodput_requests_per_s=None if attainment is None else len(done_ok) / duration * attainment,
         steady_state_dropped=dropped,
     )
+
+
+def latency_samples(measured: list[RequestRecord], spec) -> dict[str, np.ndarray]:
+    """Each latency metric's values over the requests build_result keeps, in arrival order."""
+    ordered = sorted(measured, key=lambda r: r.send_s)
+    if spec.mode != "trace":
+        ordered = ordered[_unsteady(ordered) :]
+    ok = [r for r in ordered if r.ok]
+    return {"ttft": stats.ttft_ms(ok), "itl": stats.itl_ms(ok), "tpot": stats.tpot_ms(ok), "e2e": stats.e2e_ms(ok)}
 
 
 def _unsteady(measured: list[RequestRecord]) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 from planner.launcher import VllmServer
+from planner import cpus as cpus_mod
 from planner.progress import StepProgress
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand
@@ -81,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
             )
         return 0
     corpus = load_corpus(settings.prompts)
+    pinned = cpus_mod.split(settings.cpus.client)
+    if pinned is not None:
+        # Before any thread starts: threads inherit the mask of the one that starts them.
+        cpus_mod.pin_self(pinned)
     exporter = None
     if args.metrics_port is not None:
         from planner.exporter import PlannerMetrics

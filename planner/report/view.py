@@ -46,6 +46,8 @@ class PointView:
     kv_cache_tokens_predicted: int | None = None
     kv_cache_tokens_relative_error: float | None = None
     command: tuple[str, ...] = ()
+    confirmed: bool | None = None
+    knee_interval: tuple[int | None, int | None] | None = None
 
     @property
     def load_mode(self) -> str:
@@ -130,6 +132,8 @@ def _point(p: PointResult) -> PointView:
         kv_cache_tokens_predicted=p.kv_cache_tokens_predicted,
         kv_cache_tokens_relative_error=p.kv_cache_tokens_relative_error,
         command=tuple(p.command),
+        confirmed=p.confirmed,
+        knee_interval=tuple(p.knee_interval) if p.knee_interval else None,
     )
 
 
@@ -199,6 +203,8 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
         min_failing=min_failing,
         safe=max_passing,
         binding_constraint=binding,
+        confirmed=replay.confirmed,
+        knee_interval=tuple(replay.knee_interval) if replay.knee_interval else None,
     )
     return ReportData(
         kind="replay",

@@ -140,6 +140,13 @@ class EstimateSection(_Strict):
     gpu_memory_gib: float | None = Field(default=None, gt=0)
 
 
+class CpusSection(_Strict):
+    # Give the planner the last `client` CPUs of this machine and the server the rest (pinned, with
+    # VLLM_CPU_OMP_THREADS_BIND unless [server] env sets it): for CPU servers, whose threads would
+    # otherwise share cores with the client's timing. 0 pins nothing.
+    client: int = Field(default=0, ge=0)
+
+
 class SweepSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -151,6 +158,7 @@ class SweepSettings(BaseSettings):
     slo: SloSection = Field(default_factory=lambda: SloSection(**slo_mod.DEFAULT_SLO))
     gpus: GpusSection = Field(default_factory=GpusSection)
     estimate: EstimateSection = Field(default_factory=EstimateSection)
+    cpus: CpusSection = Field(default_factory=CpusSection)
     # Paths starting with ./ or ../ are relative to the config file, others to the working directory.
     prompts: str = "prompts/prod.jsonl"
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from planner import cpus as cpus_mod
 from planner import gpus as gpu_mod
 from planner.errors import ConfigError
 from planner.launcher import ServerStartFailed, VllmServer
@@ -103,6 +104,10 @@ class PointRunner:
 
     def _server(self) -> VllmServer:
         s = self.ctx.settings.server
+        env = {**s.env, **self.point.env}
+        pinned = cpus_mod.split(self.ctx.settings.cpus.client)
+        if pinned is not None:
+            env.setdefault(cpus_mod.BIND_ENV, pinned.bind_env())
         return VllmServer(
             s.command,
             model=s.model,
@@ -110,11 +115,12 @@ class PointRunner:
             host=s.host,
             port=s.port or None,
             args=[*s.args, *self.point.flags],
-            env={**s.env, **self.point.env},
+            env=env,
             api_key=s.api_key,
             startup_timeout_s=s.startup_timeout_s,
             stop_grace_s=s.stop_grace_s,
             cuda_visible_devices=gpu_mod.cuda_visible_devices(self.gpu_ids) if self.gpu_ids else None,
+            cpus=pinned.server if pinned is not None else None,
         )
 
     async def run(self) -> None:
