@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
                     resume=args.resume,
                     observers=[o for o in (progress, exporter) if o is not None],
                     predict=predictor(settings),
+                    cpus=pinned,
                 )
             )
     finally:

@@ -52,6 +52,8 @@ class SweepContext:
     gpu_inventory: list[gpu_mod.Gpu] = field(default_factory=list)
     # Token counts depend only on the model's tokenizer: measured once, shared by every point.
     prompt_tokens: list[int] | None = None
+    # The server's and the planner's CPUs when [cpus] client pins them apart.
+    cpus: cpus_mod.CpuSplit | None = None
 
     def save(self) -> None:
         write_json_atomic(self.output_dir / RESULTS_FILE, self.results.model_dump(mode="json"))
@@ -105,7 +107,7 @@ class PointRunner:
     def _server(self) -> VllmServer:
         s = self.ctx.settings.server
         env = {**s.env, **self.point.env}
-        pinned = cpus_mod.split(self.ctx.settings.cpus.client)
+        pinned = self.ctx.cpus
         if pinned is not None:
             env.setdefault(cpus_mod.BIND_ENV, pinned.bind_env())
         return VllmServer(
@@ -343,6 +345,7 @@ async def run_sweep(
     resume: bool = False,
     observers: list | None = None,
     predict: Callable[[Point, list], dict | None] | None = None,
+    cpus: cpus_mod.CpuSplit | None = None,
 ) -> SweepResults:
     """Run every point of the grid (or reuse it with --resume) and choose the best."""
     output_dir = Path(output_dir)
@@ -354,6 +357,8 @@ async def run_sweep(
     saved["corpus"] = {"path": str(corpus.path), "sha256": corpus.sha256, "requests": len(corpus)}
     saved["vllm_version"] = version
     saved["gpus_found"] = [g.index for g in inventory]
+    if cpus is not None:
+        saved["cpus_split"] = {"server": list(cpus.server), "client": list(cpus.client)}
     ctx = SweepContext(
         settings=settings,
         corpus=corpus,
@@ -361,6 +366,7 @@ async def run_sweep(
         results=SweepResults(started_at=_now(), settings=saved),
         observers=list(observers or []),
         gpu_inventory=inventory,
+        cpus=cpus,
     )
     todo: list[tuple[Point, PointResult]] = []
     for point in points:
