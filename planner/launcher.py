@@ -124,6 +124,7 @@ class VllmServer:
         startup_timeout_s: float = 900.0,
         stop_grace_s: float = 20.0,
         cuda_visible_devices: str | None = None,
+        cpus: Sequence[int] | None = None,
     ) -> None:
         if not command:
             raise ServerStartError("the server command is empty; give e.g. ['vllm', 'serve']")
@@ -138,6 +139,8 @@ class VllmServer:
         self.stop_grace_s = stop_grace_s
         self._env = dict(env or {})
         self.cuda_visible_devices = cuda_visible_devices
+        # The CPUs the server's processes run on (planner.cpus); None: wherever the OS puts them.
+        self.cpus = tuple(cpus) if cpus else None
 
         self.capacity = Capacity()
         self.vllm_version: str | None = None
@@ -249,6 +252,11 @@ class VllmServer:
                 f"cannot run the server command {self._command[0]!r}: {exc.strerror or exc}; "
                 "check the command (e.g. 'vllm serve', or 'python -m vllm.entrypoints.openai.api_server') and PATH"
             ) from exc
+        if self.cpus is not None:
+            # At once, while the interpreter is still starting: every thread and process the server
+            # starts later inherits the mask. (A planner pinned to its own CPUs spawned it there.)
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(self._proc.pid, self.cpus)
         try:
             await self._start_reaper()
             async with self._client() as client:

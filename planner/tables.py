@@ -58,7 +58,7 @@ def steps_table(steps: list[StepResult], title: str | None = None) -> Table:
             "-" if kv is None else f"{kv:.0%}",
             fmt(s.server.preemptions),
             fmt(s.server.waiting_peak),
-            "pass" if s.slo_pass else "FAIL: " + ", ".join(s.slo_violations),
+            "pass" if s.slo_pass else f"{'INCONCLUSIVE' if s.slo_verdict == 'inconclusive' else 'FAIL'}: " + ", ".join(s.slo_violations),
         )
     return table
 
@@ -71,6 +71,12 @@ def replay_summary(results: ReplayResults) -> list[str]:
             f"  (lowest failing: {results.min_failing_concurrency if results.min_failing_concurrency is not None else 'none'};"
             f" bound by: {results.binding_constraint or '-'})"
         )
+        if results.knee_interval is not None:
+            lo, hi = results.knee_interval
+            lines.append(
+                f"knee between {lo if lo is not None else 'none'} (conclusive pass) and {hi if hi is not None else 'none'}"
+                f" (conclusive fail); {'confirmed' if results.confirmed else 'not confirmed'} on fresh prompts"
+            )
     for s in results.steps:
         if s.client.client_limited:
             lines.append(f"warning: {load_label(s)}: {s.client.note}")

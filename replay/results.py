@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 SCHEMA_VERSION = 1
 
 LoadMode = Literal["concurrency", "rate", "trace"]
+Verdict = Literal["pass", "fail", "inconclusive"]
 
 
 class _Model(BaseModel):
@@ -31,6 +32,9 @@ class LatencySummary(_Model):
     p95: float | None = None
     p99: float | None = None
     max: float | None = None
+    # 95% intervals in arrival order (see replay.intervals): {"mean": [lo, hi], "p50": [lo, hi], ...};
+    # a side is null where the sample is too small for a finite bound; absent in older files.
+    ci95: dict[str, list[float | None]] | None = None
 
 
 class LoadSpec(_Model):
@@ -139,6 +143,18 @@ class StepResult(_Model):
     slo_unverified: list[str] = Field(default_factory=list)
     # The view each SLO was judged on: "client" (the replay's records) or "server" (vLLM's metrics).
     slo_views: dict[str, str] = Field(default_factory=dict)
+    # Three-valued SLO verdicts (pass: the whole 95% interval meets the bound; fail: it breaks it;
+    # inconclusive: otherwise). slo_pass is true only for "pass"; absent in older files.
+    slo_verdict: Verdict | None = None
+    slo_verdicts: dict[str, Verdict] = Field(default_factory=dict)
+    requests_per_s_ci95: list[float | None] | None = None
+    output_tokens_per_s_ci95: list[float | None] | None = None
+    # Measured requests that met every per-request latency bound (see replay.slo.per_request_bounds).
+    slo_attainment: float | None = None
+    slo_attainment_ci95: list[float | None] | None = None
+    goodput_requests_per_s: float | None = None
+    # Early measured requests dropped by MSER-5 as not yet in steady state.
+    steady_state_dropped: int = 0
     # Filled in by planner sweep: peak used memory per GPU during the step.
     gpu_memory_peak_mib: dict[str, float] | None = None
 
@@ -164,6 +180,10 @@ class ReplayResults(_Model):
     max_passing_concurrency: int | None = None
     min_failing_concurrency: int | None = None
     binding_constraint: str | None = None
+    # The search re-measured max_passing_concurrency on fresh prompts and it passed again.
+    confirmed: bool | None = None
+    # [highest conclusive pass, lowest conclusive fail]; either may be null.
+    knee_interval: list[int | None] | None = None
     interrupted: bool = False
 
 

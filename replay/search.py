@@ -3,7 +3,12 @@
 A pure function of the steps so far: exponential bracketing (double until a step fails or the
 upper bound is reached), then bisection between the highest pass and the lowest failure, to a
 precision of one request or 5%. Measurements are noisy, so a pass above a failure is ignored:
-the answer is always the highest pass below the lowest failure.
+the answer is always the highest pass below the lowest failure. A step whose verdict was
+inconclusive is recorded as a failure, so the answer never rests on a step that did not pass.
+
+With `confirm`, the highest pass is measured once more before the search ends (the step runner
+takes fresh prompts); if the repeat does not pass, that concurrency now counts as failing, and
+the search goes on below it and confirms again.
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ def next_probe(
     start: int = 1,
     upper: int | None = None,
     rel_precision: float = 0.05,
+    confirm: bool = False,
 ) -> int | None:
     """The next concurrency to measure, or None when the search is done.
 
     `history` holds (concurrency, passed) for every step so far. `start` is the first probe;
     `upper` caps the search (a capacity bound): when it passes, nothing above it is tried.
+    `confirm`: end only once the highest pass has passed twice.
     """
     if start < 1:
         raise ValueError("start must be >= 1")
@@ -47,6 +54,20 @@ def next_probe(
         raise ValueError("upper must be >= 1")
     if not history:
         return min(start, upper) if upper is not None else start
+    nxt = _bisect(history, upper, rel_precision)
+    if nxt is not None or not confirm:
+        return nxt
+    lo = bracket(history).max_passing
+    if lo is not None and not is_confirmed(history, lo):
+        return lo
+    return None
+
+
+def is_confirmed(history: Sequence[tuple[int, bool]], concurrency: int) -> bool:
+    return sum(1 for c, passed in history if c == concurrency and passed) >= 2
+
+
+def _bisect(history: Sequence[tuple[int, bool]], upper: int | None, rel_precision: float) -> int | None:
     b = bracket(history)
     lo = b.max_passing or 0
     if b.min_failing is None:
@@ -62,3 +83,12 @@ def next_probe(
     if mid in tried or mid <= lo:
         return None
     return mid
+
+
+def knee_interval(verdicts: Sequence[tuple[int, str]]) -> list[int | None]:
+    """[highest conclusive pass, lowest conclusive fail] from (concurrency, verdict) pairs; a pass
+    at or above a conclusive fail is noise and does not count."""
+    fails = [c for c, v in verdicts if v == "fail"]
+    lowest_fail = min(fails) if fails else None
+    passes = [c for c, v in verdicts if v == "pass" and (lowest_fail is None or c < lowest_fail)]
+    return [max(passes) if passes else None, lowest_fail]

@@ -15,7 +15,7 @@ from replay.errors import ReplayError, StepAborted
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
 from replay.observer import ReplayObserver
 from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
-from replay.search import bracket, next_probe
+from replay.search import bracket, is_confirmed, knee_interval, next_probe
 from replay.server_metrics import MetricsScraper
 from replay.settings import ReplaySettings
 from replay.step import RequestCursor, run_step
@@ -52,6 +52,25 @@ def binding_constraint(steps: list[StepResult], min_failing: int | None, reached
             if step.load.mode == "concurrency" and int(step.load.value) == min_failing and not step.slo_pass:
                 return ",".join(step.slo_violations) or None
     return reached_cap
+
+
+def concurrency_history(steps: list[StepResult]) -> list[tuple[int, bool]]:
+    """(concurrency, passed) per closed-loop step; an inconclusive step did not pass."""
+    return [(int(s.load.value), s.slo_pass) for s in steps if s.load.mode == "concurrency"]
+
+
+def knee(steps: list[StepResult]) -> tuple[bool, list[int | None]]:
+    """Whether the highest pass below the lowest failure passed twice, and the knee interval
+    [highest conclusive pass, lowest conclusive fail]. Steps without a verdict (older files)
+    count by slo_pass."""
+    history = concurrency_history(steps)
+    lo = bracket(history).max_passing
+    verdicts = [
+        (int(s.load.value), s.slo_verdict or ("pass" if s.slo_pass else "fail"))
+        for s in steps
+        if s.load.mode == "concurrency"
+    ]
+    return (lo is not None and is_confirmed(history, lo)), knee_interval(verdicts)
 
 
 class Replay:
@@ -94,7 +113,7 @@ class Replay:
                 self.client,
                 self.cursor,
                 load,
-                self.settings.window(),
+                self.settings.window(self.slo),
                 requests=self.corpus.requests,
                 scraper=scraper,
                 observer=self.observer,
@@ -117,10 +136,16 @@ class Replay:
             await self.step(load)
 
     async def search(self, *, start: int, upper: int | None) -> tuple[int | None, int | None]:
-        history: list[tuple[int, bool]] = [
-            (int(s.load.value), s.slo_pass) for s in self.steps if s.load.mode == "concurrency"
-        ]
-        while (n := next_probe(history, start=start, upper=upper, rel_precision=self.settings.precision)) is not None:
+        history = concurrency_history(self.steps)
+        while (
+            n := next_probe(
+                history,
+                start=start,
+                upper=upper,
+                rel_precision=self.settings.precision,
+                confirm=self.settings.confirm_knee,
+            )
+        ) is not None:
             result = await self.step(Concurrency(n))
             history.append((n, result.slo_pass))
         b = bracket(history)
@@ -196,6 +221,7 @@ async def run_replay(
                 results.min_failing_concurrency = hi
                 cap = "max_concurrency" if hi is None and settings.max_concurrency else None
                 results.binding_constraint = binding_constraint(replay.steps, hi, cap)
+                results.confirmed, results.knee_interval = knee(replay.steps)
         except (asyncio.CancelledError, KeyboardInterrupt):
             results.interrupted = True
             raise

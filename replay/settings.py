@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -27,7 +28,10 @@ class ReplaySettings(BaseModel):
     # Measurement windows (see replay.step).
     warmup_requests: int | None = Field(default=None, ge=0)
     warmup_s: float = Field(default=0.0, ge=0)
-    min_requests: int = Field(default=100, ge=1)
+    # None: what the SLOs' percentiles need for a finite bound (368 for a p99), at least 100.
+    min_requests: int | None = Field(default=None, ge=1)
+    # An inconclusive window measures on to this many requests (None: 4 x min_requests).
+    max_requests: int | None = Field(default=None, ge=1)
     min_window_s: float = Field(default=0.0, ge=0)
     max_window_s: float = Field(default=600.0, gt=0)
     metrics_interval_s: float = Field(default=1.0, gt=0)
@@ -40,6 +44,8 @@ class ReplaySettings(BaseModel):
     start_concurrency: int = Field(default=1, ge=1)
     max_concurrency: int | None = Field(default=None, ge=1)
     precision: float = Field(default=0.05, gt=0, lt=1)
+    # Measure the highest passing concurrency again on fresh prompts before reporting it.
+    confirm_knee: bool = True
     # Merged into every request body (temperature, top_p, ...).
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
@@ -51,11 +57,21 @@ class ReplaySettings(BaseModel):
             raise ValueError(f"rate values must be > 0 requests/s, got {self.rate}")
         return self
 
-    def window(self) -> Window:
+    @model_validator(mode="after")
+    def _window_bounds(self) -> ReplaySettings:
+        if self.min_requests is not None and self.max_requests is not None and self.max_requests < self.min_requests:
+            raise ValueError(f"max_requests {self.max_requests} is below min_requests {self.min_requests}")
+        return self
+
+    def window(self, slo: Mapping[str, float] | None = None) -> Window:
+        from replay import slo as slo_mod
+
+        min_requests = self.min_requests or slo_mod.min_requests_for(slo or {})
         return Window(
             warmup_requests=self.warmup_requests,
             warmup_s=self.warmup_s,
-            min_requests=self.min_requests,
+            min_requests=min_requests,
+            max_requests=max(self.max_requests or 4 * min_requests, min_requests),
             min_window_s=self.min_window_s,
             max_window_s=self.max_window_s,
         )

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from replay import intervals
 from replay.records import RequestRecord
 from replay.results import LatencySummary
 
@@ -13,7 +14,8 @@ PERCENTILES = (50, 90, 95, 99)
 
 
 def summarize(values_ms: Sequence[float] | np.ndarray) -> LatencySummary:
-    """mean, p50, p90, p95, p99 and max of a sample; all None when the sample is empty."""
+    """mean, p50, p90, p95, p99 and max of a sample, with their 95% intervals; all None when the
+    sample is empty. Give the values in arrival order: the intervals read its autocorrelation."""
     arr = np.asarray(values_ms, dtype=float)
     if arr.size == 0:
         return LatencySummary()
@@ -26,6 +28,7 @@ def summarize(values_ms: Sequence[float] | np.ndarray) -> LatencySummary:
         p95=float(p95),
         p99=float(p99),
         max=float(arr.max()),
+        ci95=intervals.latency_intervals(arr),
     )
 
 

@@ -5,6 +5,15 @@ passed). Latency figures come from requests *sent* inside the window; throughput
 request that *finished* inside it. The window closes once `min_requests` measured requests have
 finished and `min_window_s` has passed, or at `max_window_s`. Requests still running then are
 drained: awaited, not counted, never failures.
+
+With SLOs, a window that has its minimum but whose verdict is still inconclusive keeps measuring
+(the cursor hands out fresh prompts) and is judged again each time it has grown by a quarter,
+until the verdict is pass or fail, `max_requests` measured requests, or `max_window_s`. Looking
+at a growing sample a few times, geometrically spaced, keeps the extra chance of a wrong
+verdict small; a step that ends inconclusive counts as a failure.
+
+Before figures are computed, MSER-5 (replay.steady) drops early measured requests that had not
+reached steady state.
 """
 
 from __future__ import annotations
@@ -13,23 +22,28 @@ import asyncio
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-from replay import stats
+import numpy as np
+
+from replay import intervals, stats
 from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check, itl_gaps_ms
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
 from replay.observer import Observers, ReplayObserver
 from replay.records import RequestRecord
 from replay.results import ClientSummary, ServerSummary, StepResult
 from replay.server_metrics import MetricsScraper, summarize as summarize_server
+from replay.steady import mser5
 
 # Above these the client, not the server, may have been the limit: its own timing is suspect.
 CLIENT_SEND_LAG_LIMIT_MS = 50.0
 CLIENT_LOOP_LAG_LIMIT_MS = 50.0
 LOOP_TICK_S = 0.01
+# An inconclusive window is judged again once it has this many times the requests it had.
+RECHECK_GROWTH = 1.25
 
 
 class Sender(Protocol):
@@ -41,6 +55,8 @@ class Window:
     warmup_requests: int | None = None
     warmup_s: float = 0.0
     min_requests: int = 100
+    # An inconclusive window measures on up to this many requests (None: stop at min_requests).
+    max_requests: int | None = None
     min_window_s: float = 0.0
     max_window_s: float = 600.0
     # Open loop: never more than this many requests in flight; past it, sends are late (and flagged).
@@ -84,6 +100,9 @@ class _Window:
     started_s: float
     on_close: Callable[[], None]
     on_open: Callable[[], None] = lambda: None
+    # Whether the measured sample so far gives a pass or a fail; None: no SLO, close at the minimum.
+    conclusive: Callable[[list[RequestRecord], float], bool] | None = None
+    next_check: int = 0
     completed: int = 0
     open_s: float | None = None
     close_s: float | None = None
@@ -111,9 +130,20 @@ class _Window:
             return
         elapsed = now - self.open_s
         enough = len(self.measured) >= self.settings.min_requests and elapsed >= self.settings.min_window_s
-        if enough or elapsed >= self.settings.max_window_s:
+        if (enough and self._settled(now)) or elapsed >= self.settings.max_window_s:
             self.close_s = now
             self.on_close()
+
+    def _settled(self, now: float) -> bool:
+        """True when the window may close: no SLO to settle, a conclusive verdict, or max_requests."""
+        n = len(self.measured)
+        limit = self.settings.max_requests
+        if self.conclusive is None or limit is None or n >= limit:
+            return True
+        if n < self.next_check:
+            return False
+        self.next_check = math.ceil(n * RECHECK_GROWTH)
+        return self.conclusive(self.measured, now - (self.open_s or now))
 
     def finish(self, rec: RequestRecord) -> bool:
         """Account one finished request; True when it is measured."""
@@ -179,6 +209,7 @@ async def run_step(
         started_s=time.perf_counter(),
         on_close=window_closed,
         on_open=window_opened,
+        conclusive=_judge(spec, slo) if slo else None,
     )
     send_lags: list[float] = []
     loop_lags: list[float] = []
@@ -289,6 +320,8 @@ async def run_step(
         drained=state.drained,
         server=server,
         client=client_summary(load, send_lags, loop_lags),
+        window_open_s=state.open_s,
+        slo=slo,
     )
     snaps = scraper.snapshots if scraper is not None else {}
     if "start" in snaps and "end" in snaps:
@@ -298,17 +331,45 @@ async def run_step(
         client_finished = len(state.finished_inside)
     result.client = cross_check(result, client_finished, excess_ms=ttft_excess[0], excess_fraction=ttft_excess[1])
     if slo is not None:
-        violations, unverified = slo_mod.evaluate(result, slo)
+        rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(state.measured, spec))
+        verdict = slo_mod.step_verdict(rule_verdicts)
         result = result.model_copy(
             update={
-                "slo_pass": not violations,
-                "slo_violations": violations,
+                "slo_pass": verdict == "pass",
+                # Every SLO that kept the step from passing: broken, or not shown to hold.
+                "slo_violations": [k for k, v in rule_verdicts.items() if v != "pass"],
                 "slo_unverified": unverified,
+                "slo_verdict": verdict,
+                "slo_verdicts": rule_verdicts,
                 "slo_views": {key: slo_mod.view(key) for key in slo},
             }
         )
     obs.step_finished(result)
     return result
+
+
+def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], float], bool]:
+    """The window's stopping rule: the client-side SLOs on the sample so far are all pass, or one
+    fails. Server-side SLOs are judged once, on the whole window."""
+    from replay import slo as slo_mod
+
+    def conclusive(measured: list[RequestRecord], elapsed_s: float) -> bool:
+        partial = build_result(
+            spec=spec,
+            started_at="",
+            warmup=0,
+            window_s=elapsed_s,
+            measured=measured,
+            finished_inside=[],
+            drained=0,
+            server=ServerSummary(),
+            client=ClientSummary(),
+            slo=slo,
+        )
+        rule_verdicts, _ = slo_mod.verdicts(partial, slo, latency_samples(measured, spec))
+        return slo_mod.step_verdict(rule_verdicts) != "inconclusive"
+
+    return conclusive
 
 
 def client_summary(load: Load, send_lags_s: list[float], loop_lags_s: list[float]) -> ClientSummary:
@@ -338,7 +399,14 @@ def build_result(
     drained: int,
     server: ServerSummary,
     client: ClientSummary,
+    window_open_s: float | None = None,
+    slo: Mapping[str, float] | None = None,
 ) -> StepResult:
+    # Arrival order: the intervals read the sample's autocorrelation from it.
+    measured = sorted(measured, key=lambda r: r.send_s)
+    # A trace is replayed as recorded, start included; there is no steady state to wait for.
+    dropped = _unsteady(measured) if spec.mode != "trace" else 0
+    measured = measured[dropped:]
     ok = [r for r in measured if r.ok]
     failed = [r for r in measured if not r.ok]
     errors = Counter(r.error for r in failed)
@@ -355,9 +423,17 @@ def build_result(
     input_tps = (
         sum(prompt_counts) / duration if done_ok and all(c is not None for c in prompt_counts) else None
     )
-    output_tokens = sum(
-        r.completion_tokens if r.completion_tokens is not None else len(r.token_times_s) for r in done_ok
-    )
+    def out_tokens(r: RequestRecord) -> int:
+        return r.completion_tokens if r.completion_tokens is not None else len(r.token_times_s)
+
+    output_tokens = sum(out_tokens(r) for r in done_ok)
+    rps_ci = tps_ci = None
+    if window_open_s is not None and done_ok:
+        ends = [r.end_s for r in done_ok]
+        rps_ci = list(intervals.rate_interval(ends, [1.0] * len(ends), window_open_s, window_open_s + window_s))
+        tps_ci = list(intervals.rate_interval(ends, [out_tokens(r) for r in done_ok], window_open_s, window_open_s + window_s))
+    attained = _attained(measured, slo) if slo else None
+    attainment = float(attained.mean()) if attained is not None and attained.size else None
     return StepResult(
         load=spec,
         started_at=started_at,
@@ -379,4 +455,53 @@ def build_result(
         server=server,
         client=client,
         slo_pass=True,
+        requests_per_s_ci95=rps_ci,
+        output_tokens_per_s_ci95=tps_ci,
+        slo_attainment=attainment,
+        slo_attainment_ci95=list(intervals.proportion_interval(attained)) if attainment is not None else None,
+        goodput_requests_per_s=None if attainment is None else len(done_ok) / duration * attainment,
+        steady_state_dropped=dropped,
     )
+
+
+def latency_samples(measured: list[RequestRecord], spec) -> dict[str, np.ndarray]:
+    """Each latency metric's values over the requests build_result keeps, in arrival order."""
+    ordered = sorted(measured, key=lambda r: r.send_s)
+    if spec.mode != "trace":
+        ordered = ordered[_unsteady(ordered) :]
+    ok = [r for r in ordered if r.ok]
+    # ITL as the step reports it: gaps inside a burst (below the clock's resolution) left out.
+    return {"ttft": stats.ttft_ms(ok), "itl": itl_gaps_ms(ok)[0], "tpot": stats.tpot_ms(ok), "e2e": stats.e2e_ms(ok)}
+
+
+def _unsteady(measured: list[RequestRecord]) -> int:
+    """Leading measured requests (in arrival order) that MSER-5 finds before the steady state,
+    read on end-to-end latency; a failed request stands in with the slowest latency seen."""
+    if not measured:
+        return 0
+    e2e = [r.e2e_s for r in measured if r.ok]
+    worst = max(e2e, default=0.0)
+    return mser5([r.e2e_s if r.ok else worst for r in measured])
+
+
+def _attained(measured: list[RequestRecord], slo: Mapping[str, float]) -> np.ndarray | None:
+    """Per measured request (arrival order): did it succeed and meet every per-request bound?
+    None when the SLOs bound no per-request latency."""
+    from replay import slo as slo_mod
+
+    bounds = slo_mod.per_request_bounds(slo)
+    if not bounds:
+        return None
+    hits = []
+    for r in measured:
+        ok = r.ok
+        if ok and "ttft" in bounds:
+            ok = r.ttft_s is not None and r.ttft_s * 1e3 <= bounds["ttft"]
+        if ok and "e2e" in bounds:
+            ok = r.e2e_s * 1e3 <= bounds["e2e"]
+        if ok and "tpot" in bounds:
+            tpot = stats.tpot_ms([r])
+            # A one-token answer has no TPOT to break.
+            ok = tpot.size == 0 or float(tpot[0]) <= bounds["tpot"]
+        hits.append(ok)
+    return np.asarray(hits, dtype=bool)

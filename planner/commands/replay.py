@@ -40,10 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--find-max", action="store_true", help="search the highest concurrency that passes every SLO")
     load.add_argument("--start-concurrency", type=int, default=1, help="first probe of the search (default 1)")
     load.add_argument("--max-concurrency", type=int, default=None, help="cap of the search")
+    load.add_argument("--no-confirm", dest="confirm_knee", action="store_false", help="do not re-measure the highest passing concurrency")
     win = p.add_argument_group("measurement window")
     win.add_argument("--warmup-requests", type=int, default=None, help="unmeasured requests first (default: the concurrency)")
     win.add_argument("--warmup-s", type=float, default=0.0, help="unmeasured seconds first")
-    win.add_argument("--min-requests", type=int, default=100, help="measured requests per step (default 100)")
+    win.add_argument("--min-requests", type=int, default=None, help="measured requests per step (default: what the SLOs' percentiles need, at least 100; 368 for a p99)")
+    win.add_argument("--max-requests", type=int, default=None, help="an inconclusive step measures on to this many (default 4 x min)")
     win.add_argument("--min-window-s", type=float, default=0.0, help="shortest measurement window")
     win.add_argument("--max-window-s", type=float, default=600.0, help="longest measurement window (default 600)")
     req = p.add_argument_group("requests")
@@ -87,6 +89,7 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
             warmup_requests=args.warmup_requests,
             warmup_s=args.warmup_s,
             min_requests=args.min_requests,
+            max_requests=args.max_requests,
             min_window_s=args.min_window_s,
             max_window_s=args.max_window_s,
             find_max=args.find_max,
@@ -94,6 +97,7 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
             max_concurrency=args.max_concurrency,
             client_ttft_excess_ms=args.client_ttft_excess_ms,
             client_ttft_excess_fraction=args.client_ttft_excess_fraction,
+            confirm_knee=args.confirm_knee,
         ),
         source="planner replay",
     )
@@ -118,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         exporter = PlannerMetrics()
         exporter.start(host=args.metrics_host, port=args.metrics_port)
     try:
-        with StepProgress(settings.min_requests) as progress:
+        with StepProgress(settings.window(slo).min_requests) as progress:
             results = interrupt.run(
                 run_replay(
                     url=args.url.rstrip("/"),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from planner.launcher import VllmServer
 from planner import interrupt
+from planner import cpus as cpus_mod
 from planner.progress import StepProgress
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand
@@ -86,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
             )
         return 0
     corpus = load_corpus(settings.prompts)
+    pinned = cpus_mod.split(settings.cpus.client)
+    if pinned is not None:
+        # Before any thread starts: threads inherit the mask of the one that starts them.
+        cpus_mod.pin_self(pinned)
     exporter = None
     if args.metrics_port is not None:
         from planner.exporter import PlannerMetrics
@@ -93,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         exporter = PlannerMetrics()
         exporter.start(host=args.metrics_host, port=args.metrics_port)
     try:
-        with StepProgress(settings.replay.min_requests) as progress:
+        with StepProgress(settings.replay.window(settings.slo.rules()).min_requests) as progress:
             results = interrupt.run(
                 run_sweep(
                     settings,
@@ -102,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                     resume=args.resume,
                     observers=[o for o in (progress, exporter) if o is not None],
                     predict=predictor(settings),
+                    cpus=pinned,
                 )
             )
     finally:

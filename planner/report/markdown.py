@@ -74,6 +74,17 @@ def _recommendation(data: ReportData) -> list[str]:
                 f"- Throughput at that concurrency: **{num(step.output_tokens_per_s)} output tokens/s**, "
                 f"{num(step.requests_per_s, 2)} requests/s"
             )
+    if best.knee_interval is not None:
+        lo, hi = best.knee_interval
+        out.append(
+            f"- Knee: between {num(lo)} (highest conclusive pass) and {num(hi)} (lowest conclusive fail); "
+            + ("the highest pass was **confirmed** by a repeat on fresh prompts"
+               if best.confirmed else "the highest pass was **not confirmed** by a repeat")
+        )
+    inconclusive = [s for s in best.steps if s.slo_verdict == "inconclusive"]
+    if inconclusive:
+        loads = ", ".join(num(s.load.value) for s in inconclusive)
+        out.append(f"- Inconclusive steps (counted as failures, never as passes): {loads}")
     binding = best.binding_constraint or "none reached (the search hit its ceiling)"
     fail_at = f", first violated at concurrency {best.min_failing}" if best.min_failing is not None else ""
     out.append(f"- Binding constraint: `{binding}`{fail_at}")
@@ -242,18 +253,54 @@ def _measured_vs_estimated(data: ReportData) -> list[str]:
     ] + table(header, rows)
 
 
-def step_rows(steps: Sequence[StepResult]) -> list[tuple[str, ...]]:
+def with_ci(x: float | None, ci: Sequence[float | None] | None, digits: int = 1) -> str:
+    """`412 [380, 455]`; an open side shows as `?` (the sample was too small for a finite bound)."""
+    if x is None or ci is None:
+        return num(x, digits)
+    lo, hi = ci
+    return f"{num(x, digits)} [{'?' if lo is None else num(lo, digits)}, {'?' if hi is None else num(hi, digits)}]"
+
+
+def _verdict_cell(s: StepResult) -> str:
+    if s.slo_pass:
+        verdict = "pass"
+    elif s.slo_verdict == "inconclusive":
+        # Not shown to hold with 95% confidence: counted as a failure.
+        verdict = "inconclusive (counts as fail): " + ", ".join(s.slo_violations)
+    else:
+        failed = [k for k, v in s.slo_verdicts.items() if v == "fail"] if s.slo_verdicts else s.slo_violations
+        verdict = "fail: " + ", ".join(failed)
+    if s.slo_unverified:
+        verdict += f" (unverified: {', '.join(s.slo_unverified)})"
+    return verdict
+
+
+def _bounded_figures(s: StepResult, slo: dict[str, float]) -> str:
+    """Each SLO-bound latency figure with its 95% interval: `tpot p99 31.2 [29.0, 33.1]`."""
+    cells = []
+    for key in slo:
+        parts = key.split("_")
+        if len(parts) != 3 or parts[2] != "ms":
+            continue
+        summary = getattr(s, f"{parts[0]}_ms", None)
+        if summary is None:
+            continue
+        ci = (summary.ci95 or {}).get(parts[1])
+        cells.append(f"{parts[0]} {parts[1]} {with_ci(getattr(summary, parts[1]), ci)}")
+    if s.slo_attainment is not None:
+        cells.append(f"attainment {with_ci(s.slo_attainment * 100, [None if v is None else v * 100 for v in s.slo_attainment_ci95 or [None, None]])}%")
+    return "; ".join(cells) or DASH
+
+
+def step_rows(steps: Sequence[StepResult], slo: dict[str, float] | None = None) -> list[tuple[str, ...]]:
     rows = []
     for s in steps:
-        verdict = "pass" if s.slo_pass else "fail: " + ", ".join(s.slo_violations)
-        if s.slo_unverified:
-            verdict += f" (unverified: {', '.join(s.slo_unverified)})"
         rows.append((
             num(s.load.value, 2),
             num(s.requests_ok),
             num(s.requests_failed),
-            num(s.requests_per_s, 2),
-            num(s.output_tokens_per_s),
+            with_ci(s.requests_per_s, s.requests_per_s_ci95, 2),
+            with_ci(s.output_tokens_per_s, s.output_tokens_per_s_ci95),
             num(s.ttft_ms.p50),
             num(s.ttft_ms.p99),
             num(s.itl_ms.p50),
@@ -261,13 +308,17 @@ def step_rows(steps: Sequence[StepResult]) -> list[tuple[str, ...]]:
             num(s.e2e_ms.p99),
             pct(s.server.kv_cache_usage_peak),
             num(s.server.preemptions),
-            verdict,
+            _bounded_figures(s, slo or {}),
+            num(s.goodput_requests_per_s, 2),
+            num(s.steady_state_dropped) if s.slo_verdict is not None else DASH,
+            _verdict_cell(s),
         ))
     return rows
 
 
 STEP_HEADER = ["load", "ok", "failed", "requests/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
-               "ITL p50 ms", "ITL p99 ms", "E2E p99 ms", "KV peak", "preemptions", "SLOs"]
+               "ITL p50 ms", "ITL p99 ms", "E2E p99 ms", "KV peak", "preemptions",
+               "SLO-bound figures [95% CI]", "goodput req/s", "dropped (MSER-5)", "SLOs"]
 
 
 def _steps_section(data: ReportData) -> list[str]:
@@ -277,7 +328,7 @@ def _steps_section(data: ReportData) -> list[str]:
             continue
         if data.kind == "sweep":
             out += [f"### `{p.id}`", ""]
-        out += [f"Load: {LOAD_AXIS_LABELS[p.load_mode].lower()}.", ""] + table(STEP_HEADER, step_rows(p.steps))
+        out += [f"Load: {LOAD_AXIS_LABELS[p.load_mode].lower()}.", ""] + table(STEP_HEADER, step_rows(p.steps, data.slo))
     return out if len(out) > 2 else []
 
 

@@ -26,6 +26,7 @@ DPI = 110
 FAIL_COLOR = "#d62728"
 SAFE_COLOR = "#2ca02c"
 SLO_COLOR = "#444444"
+INCONCLUSIVE_COLOR = "#ff7f0e"
 
 
 def _file_stem(point_id: str) -> str:
@@ -98,15 +99,23 @@ def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, s
         if not len(xs):
             continue
         line, marker, alpha = styles.get(stat, ("-", ".", 1.0))
-        ax.plot(xs, ys, linestyle=line, marker=marker, markersize=5, alpha=alpha, label=f"{metric.upper()} {stat}")
+        drawn = ax.plot(xs, ys, linestyle=line, marker=marker, markersize=5, alpha=alpha, label=f"{metric.upper()} {stat}")
+        _error_bars(ax, p.steps, metric, stat, drawn[0].get_color())
         bound = slo.get(f"{metric}_{stat}_ms")
         if bound is not None:
             ax.axhline(bound, color=SLO_COLOR, linestyle=":", linewidth=1.5, label=f"SLO {stat} {bound:g} ms")
     # A failed step is marked on the curve of the SLO it broke; one that broke only other SLOs
     # (the other panel's, errors, preemptions) is marked in grey on the last curve.
     here_x, here_y, other_x, other_y = [], [], [], []
+    unsure_x, unsure_y = [], []
     for s in p.steps:
         if s.slo_pass:
+            continue
+        if s.slo_verdict == "inconclusive":
+            y = getattr(getattr(s, f"{metric}_ms"), stats[-1])
+            if y is not None:
+                unsure_x.append(s.load.value)
+                unsure_y.append(y)
             continue
         broken = [v for v in s.slo_violations if v.startswith(f"{metric}_") and v.split("_")[1] in stats]
         stat = broken[0].split("_")[1] if broken else stats[-1]
@@ -119,6 +128,9 @@ def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, s
         ax.scatter(here_x, here_y, marker="x", s=70, color=FAIL_COLOR, zorder=5, label=f"step broke {'an' if metric in ('itl', 'e2e') else 'a'} {metric.upper()} SLO")
     if other_x:
         ax.scatter(other_x, other_y, marker="x", s=50, color="#888888", zorder=5, label="step broke another SLO")
+    if unsure_x:
+        ax.scatter(unsure_x, unsure_y, marker="D", s=60, facecolors="none", edgecolors=INCONCLUSIVE_COLOR,
+                   linewidths=1.5, zorder=5, label="step inconclusive (counted as a failure)")
     _mark_safe(ax, p)
     _, all_y = _values(p.steps, lambda s: getattr(getattr(s, f"{metric}_ms"), stats[-1]))
     if len(all_y) and all_y.min() > 0 and all_y.max() / all_y.min() > 30:
@@ -126,6 +138,29 @@ def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, s
     _load_axis(ax, [s.load.value for s in p.steps], p.load_mode)
     _style(ax, PANEL_TITLES[metric], LOAD_AXIS_LABELS[p.load_mode], f"{metric.upper()} (ms)")
     ax.legend(fontsize=8, loc="upper left")
+
+
+def _error_bars(ax: Axes, steps: Sequence[StepResult], metric: str, stat: str, color) -> None:
+    """The 95% interval of each step's figure; a side with no finite bound is drawn as an arrow."""
+    xs, ys, lows, highs, open_x, open_y = [], [], [], [], [], []
+    for s in steps:
+        summary = getattr(s, f"{metric}_ms")
+        y = getattr(summary, stat)
+        ci = (summary.ci95 or {}).get(stat)
+        if y is None or ci is None:
+            continue
+        lo, hi = ci
+        xs.append(s.load.value)
+        ys.append(y)
+        lows.append(y - lo if lo is not None else 0.0)
+        highs.append(hi - y if hi is not None else 0.0)
+        if hi is None:
+            open_x.append(s.load.value)
+            open_y.append(y)
+    if xs:
+        ax.errorbar(xs, ys, yerr=[lows, highs], fmt="none", ecolor=color, elinewidth=1, capsize=3, alpha=0.7)
+    if open_x:
+        ax.scatter(open_x, open_y, marker=r"$\uparrow$", s=120, color=color, zorder=4)
 
 
 def _panel_stats(metric: str, slo: dict[str, float]) -> tuple[str, ...]:

@@ -13,7 +13,8 @@ STEP_COLUMNS = (
     "load_mode", "load_value", "requests_ok", "requests_failed", "requests_per_s", "output_tokens_per_s",
     "output_tokens_per_s_per_gpu", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p99_ms",
     "e2e_p50_ms", "e2e_p99_ms", "kv_cache_usage_peak", "preemptions", "running_peak", "waiting_peak",
-    "slo_pass", "slo_violations",
+    "slo_pass", "slo_violations", "slo_verdict", "tpot_p99_ms_lo", "tpot_p99_ms_hi", "requests_per_s_lo",
+    "requests_per_s_hi", "slo_attainment", "goodput_requests_per_s", "steady_state_dropped",
 )
 # vLLM's own view of the step (its histograms over the window) and the client-minus-server check.
 SERVER_COLUMNS = (
@@ -24,7 +25,7 @@ SERVER_COLUMNS = (
 )
 POINT_COLUMNS = (
     "point_id", "status", "failure_kind", "gpus", "kv_cache_tokens", "max_passing_concurrency",
-    "safe_concurrency", "safe_concurrency_per_gpu",
+    "safe_concurrency", "safe_concurrency_per_gpu", "confirmed", "knee_pass", "knee_fail",
 )
 
 
@@ -50,6 +51,14 @@ def _step_fields(s: StepResult, gpus: int | None) -> dict[str, Any]:
         "waiting_peak": s.server.waiting_peak,
         "slo_pass": s.slo_pass,
         "slo_violations": ";".join(s.slo_violations),
+        "slo_verdict": s.slo_verdict,
+        "tpot_p99_ms_lo": _side(s.tpot_ms.ci95, "p99", 0),
+        "tpot_p99_ms_hi": _side(s.tpot_ms.ci95, "p99", 1),
+        "requests_per_s_lo": s.requests_per_s_ci95[0] if s.requests_per_s_ci95 else None,
+        "requests_per_s_hi": s.requests_per_s_ci95[1] if s.requests_per_s_ci95 else None,
+        "slo_attainment": s.slo_attainment,
+        "goodput_requests_per_s": s.goodput_requests_per_s,
+        "steady_state_dropped": s.steady_state_dropped,
     }
 
 
@@ -78,6 +87,11 @@ def _server_fields(s: StepResult) -> dict[str, Any]:
     }
 
 
+def _side(ci95: dict | None, stat: str, side: int) -> float | None:
+    bounds = (ci95 or {}).get(stat)
+    return bounds[side] if bounds else None
+
+
 def _point_fields(p: PointView) -> dict[str, Any]:
     return {
         "point_id": p.id,
@@ -88,6 +102,9 @@ def _point_fields(p: PointView) -> dict[str, Any]:
         "max_passing_concurrency": p.max_passing,
         "safe_concurrency": p.safe,
         "safe_concurrency_per_gpu": p.safe_per_gpu,
+        "confirmed": p.confirmed,
+        "knee_pass": p.knee_interval[0] if p.knee_interval else None,
+        "knee_fail": p.knee_interval[1] if p.knee_interval else None,
     }
 
 

@@ -49,6 +49,8 @@ class PointView:
     command: tuple[str, ...] = ()
     # The GPUs' model the point ran on, when recorded (a cluster may mix models).
     gpu_model: str | None = None
+    confirmed: bool | None = None
+    knee_interval: tuple[int | None, int | None] | None = None
 
     @property
     def load_mode(self) -> str:
@@ -134,6 +136,8 @@ def _point(p: PointResult) -> PointView:
         kv_cache_tokens_relative_error=p.kv_cache_tokens_relative_error,
         command=tuple(p.command),
         gpu_model=p.gpu_model,
+        confirmed=p.confirmed,
+        knee_interval=tuple(p.knee_interval) if p.knee_interval else None,
     )
 
 
@@ -203,6 +207,8 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
         min_failing=min_failing,
         safe=max_passing,
         binding_constraint=binding,
+        confirmed=replay.confirmed,
+        knee_interval=tuple(replay.knee_interval) if replay.knee_interval else None,
     )
     return ReportData(
         kind="replay",

@@ -183,6 +183,11 @@ class ExecutorSection(_Strict):
                 f"{address!r} is not a Ray address: use \"auto\", \"ray://HOST:PORT\" (Ray Client) or \"HOST:PORT\" (the head's GCS)"
             )
         return address
+class CpusSection(_Strict):
+    # Give the planner the last `client` CPUs of this machine and the server the rest (pinned, with
+    # VLLM_CPU_OMP_THREADS_BIND unless [server] env sets it): for CPU servers, whose threads would
+    # otherwise share cores with the client's timing. 0 pins nothing.
+    client: int = Field(default=0, ge=0)
 
 
 class SweepSettings(BaseSettings):
@@ -197,6 +202,7 @@ class SweepSettings(BaseSettings):
     gpus: GpusSection = Field(default_factory=GpusSection)
     estimate: EstimateSection = Field(default_factory=EstimateSection)
     executor: ExecutorSection = Field(default_factory=ExecutorSection)
+    cpus: CpusSection = Field(default_factory=CpusSection)
     # Paths starting with ./ or ../ are relative to the config file, others to the working directory.
     prompts: str = "prompts/prod.jsonl"
 

@@ -91,6 +91,7 @@ def fingerprint(
         "corpus_sha256": corpus_sha256,
         "slo": settings.slo.model_dump(mode="json"),
         "replay": settings.replay.model_dump(mode="json"),
+        "client_cpus": settings.cpus.client,
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

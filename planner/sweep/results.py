@@ -64,6 +64,10 @@ class PointResult(_Model):
     safe_concurrency_per_gpu: float | None = None
     output_tokens_per_s_per_gpu: float | None = None
     binding_constraint: str | None = None
+    # max_passing_concurrency passed again on fresh prompts; the knee lies in knee_interval
+    # [highest conclusive pass, lowest conclusive fail]. Absent in older files.
+    confirmed: bool | None = None
+    knee_interval: list[int | None] | None = None
     # Peak used memory per GPU over the point's steps, and what was left of each GPU's total.
     gpu_memory_peak_mib: dict[str, float] | None = None
     gpu_memory_headroom_mib: dict[str, float] | None = None
@@ -95,6 +99,8 @@ class RunInfo(_Model):
     corpus: CorpusInfo | None = None
     vllm_version: str | None = None
     gpus_found: list[str] = Field(default_factory=list)
+    # When [cpus] pins: the CPUs the servers and the planner itself were given.
+    cpus_split: dict[str, list[int]] | None = None
 
 
 # Version 1 kept RunInfo's keys inside `settings`.

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from planner import cpus as cpus_mod
 from planner import gpus as gpu_mod
 from planner.capacity import Failure
 from planner.errors import ConfigError
@@ -33,7 +34,7 @@ from replay.errors import ReplayError, StepAborted
 from replay.observer import Observers
 from replay.results import StepResult, write_json_atomic
 from replay.search import bracket
-from replay.session import Replay, binding_constraint
+from replay.session import Replay, binding_constraint, knee
 from replay.tokens import TOKENIZE_WORKERS, token_counts
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class SweepContext:
     gpu_inventory: list[gpu_mod.Gpu] = field(default_factory=list)
     # Token counts depend only on the model's tokenizer: measured once, shared by every point.
     prompt_tokens: list[int] | None = None
+    # The server's and the planner's CPUs when [cpus] client pins them apart.
+    cpus: cpus_mod.CpuSplit | None = None
 
     def save(self) -> None:
         write_json_atomic(self.output_dir / RESULTS_FILE, self.results.model_dump(mode="json"))
@@ -102,6 +105,10 @@ class PointRunner:
 
     def _server(self) -> VllmServer:
         s = self.ctx.settings.server
+        env = {**s.env, **self.point.env}
+        pinned = self.ctx.cpus
+        if pinned is not None:
+            env.setdefault(cpus_mod.BIND_ENV, pinned.bind_env())
         return VllmServer(
             s.command,
             model=s.model,
@@ -109,11 +116,12 @@ class PointRunner:
             host=s.host,
             port=s.port or None,
             args=[*s.args, *self.point.flags],
-            env={**s.env, **self.point.env},
+            env=env,
             api_key=s.api_key.get_secret_value() if s.api_key else None,
             startup_timeout_s=s.startup_timeout_s,
             stop_grace_s=s.stop_grace_s,
             cuda_visible_devices=gpu_mod.cuda_visible_devices(self.gpu_ids) if self.gpu_ids else None,
+            cpus=pinned.server if pinned is not None else None,
         )
 
     async def run(self) -> None:
@@ -274,6 +282,7 @@ class PointRunner:
         r.max_passing_concurrency = lo
         r.min_failing_concurrency = hi
         r.binding_constraint = binding_constraint(r.steps, hi, limit if hi is None and lo == upper else None)
+        r.confirmed, r.knee_interval = knee(r.steps)
         r.safe_concurrency = safe_concurrency(lo, settings.slo.headroom)
         gpus = self.point.gpus
         r.gpus = gpus
@@ -342,16 +351,17 @@ async def run_sweep(
     resume: bool = False,
     observers: list[SweepObserver] | None = None,
     predict: Callable[[Point, list], Estimate | NotPredicted | None] | None = None,
+    cpus: cpus_mod.CpuSplit | None = None,
 ) -> SweepResults:
     """Run every point of the grid (or reuse it with --resume) and choose the best."""
     if settings.executor.kind == "local":
-        return await _sweep(settings, corpus, Path(output_dir), resume, observers, predict, cluster=None)
+        return await _sweep(settings, corpus, Path(output_dir), resume, observers, predict, cpus, cluster=None)
     # Imported here: Ray is an optional extra that a local sweep never needs.
     from planner.sweep.ray_executor import RayCluster
 
     cluster = RayCluster.connect(settings.executor)
     try:
-        return await _sweep(settings, corpus, Path(output_dir), resume, observers, predict, cluster=cluster)
+        return await _sweep(settings, corpus, Path(output_dir), resume, observers, predict, cpus, cluster=cluster)
     finally:
         cluster.close()
 
@@ -361,8 +371,9 @@ async def _sweep(
     corpus: Corpus,
     output_dir: Path,
     resume: bool,
-    observers: list | None,
-    predict: Callable[[Point, list], dict | None] | None,
+    observers: list[SweepObserver] | None,
+    predict: Callable[[Point, list], Estimate | NotPredicted | None] | None,
+    cpus: cpus_mod.CpuSplit | None,
     *,
     cluster: RayCluster | None,
 ) -> SweepResults:
@@ -375,6 +386,7 @@ async def _sweep(
         corpus=CorpusInfo(path=str(corpus.path), sha256=corpus.sha256, requests=len(corpus)),
         vllm_version=version,
         gpus_found=[g.index for g in inventory],
+        cpus_split=None if cpus is None else {"server": list(cpus.server), "client": list(cpus.client)},
     )
     ctx = SweepContext(
         settings=settings,
@@ -383,6 +395,7 @@ async def _sweep(
         results=SweepResults(started_at=_now(), settings=public_settings(settings), run=run),
         observers=list(observers or []),
         gpu_inventory=inventory,
+        cpus=cpus,
     )
     todo: list[tuple[Point, PointResult]] = []
     for point in points:

@@ -26,6 +26,8 @@ Capacity model (vLLM-like and coarse, for sweeps):
   slot is preempted: its KV is freed, it goes to the head of the queue, and on readmission it pays
   the prefill (TTFT) again, as vLLM's recompute preemption does. A preemption is counted.
 - ``itl = itl_s * (1 + itl_growth_per_running * running)``; TTFT likewise with its own factor.
+- With ``slowness_sigma`` every request draws a factor from a lognormal (median 1) that scales
+  all its inter-token gaps, so a request's TPOT is ``itl * factor``: a known law for percentiles.
 
 /metrics carries vLLM's gauges and counters and, like vLLM 0.32, its latency histograms (same
 names, buckets and labels, rendered by prometheus_client as vLLM does), observed on the server's
@@ -95,13 +97,14 @@ class Behavior:
     kv_cache_tokens: int | None = None
     itl_growth_per_running: float = 0.0
     ttft_growth_per_running: float = 0.0
+    slowness_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "disconnect_rate", "error_event_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"Behavior.{name}={value!r}: must be a fraction in [0, 1]")
-        for name in ("ttft_s", "itl_s", "itl_growth_per_running", "ttft_growth_per_running"):
+        for name in ("ttft_s", "itl_s", "itl_growth_per_running", "ttft_growth_per_running", "slowness_sigma"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Behavior.{name}={getattr(self, name)!r}: must be >= 0")
         for name in ("output_tokens", "max_model_len", "max_num_seqs", "kv_cache_tokens"):
@@ -544,6 +547,7 @@ class FakeServer:
         loop = asyncio.get_running_loop()
         capacity = self._capacity
         arrival = loop.time()
+        slowness = self._rng.lognormvariate(0.0, b.slowness_sigma) if b.slowness_sigma else 1.0
         await capacity.admit(prompt_tokens)
         admitted = loop.time()
         held = prompt_tokens
@@ -554,7 +558,7 @@ class FakeServer:
             deadline = loop.time() + self._ttft()
             for i in range(n_tokens):
                 if i:
-                    deadline += self._itl()
+                    deadline += self._itl() * slowness
                 delay = deadline - loop.time()
                 # sleep(0) still yields, so many zero-delay streams share the loop fairly.
                 await asyncio.sleep(delay if delay > 0 else 0)
@@ -760,6 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-tokens", type=_optional_int, default=None)
     p.add_argument("--itl-growth-per-running", type=float, default=d.itl_growth_per_running)
     p.add_argument("--ttft-growth-per-running", type=float, default=d.ttft_growth_per_running)
+    p.add_argument("--slowness-sigma", type=float, default=d.slowness_sigma, help="per-request lognormal factor on every gap")
     return p
 
 

@@ -36,8 +36,11 @@ def test_find_max_against_a_server_whose_latency_grows_with_load(tmp_path, spawn
     ])
     assert code == 0
     results = ReplayResults.model_validate_json((out / "replay.json").read_text())
-    assert [int(s.load.value) for s in results.steps] == [1, 2, 4, 3]
+    # The highest pass (2) is measured again on fresh prompts before the search ends.
+    assert [int(s.load.value) for s in results.steps] == [1, 2, 4, 3, 2]
     assert (results.max_passing_concurrency, results.min_failing_concurrency) == (2, 3)
+    assert results.confirmed and results.knee_interval == [2, 3]
+    assert [s.slo_verdict for s in results.steps] == ["pass", "pass", "fail", "fail", "pass"]
     assert results.binding_constraint == "tpot_p50_ms"
     assert results.model == "fake-model" and results.corpus.requests == 80 and len(results.corpus.sha256) == 64
     assert all(s.requests_ok >= 20 and s.tokens_source == "usage" for s in results.steps)

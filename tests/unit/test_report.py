@@ -256,3 +256,34 @@ def test_a_grid_without_memory_axes_has_no_heatmap_and_no_empty_columns(tmp_path
     header = _section((tmp_path / "report.md").read_text(), "Every point").splitlines()[2]
     assert "| max_model_len | enable_chunked_prefill | status |" in header
     assert "gpu_memory_utilization" not in header
+
+
+@pytest.mark.timeout(60)
+def test_intervals_verdicts_and_the_knee_in_the_report(tmp_path: Path) -> None:
+    replay = _replay()
+    for s in replay.steps:
+        s.slo_verdict = "pass" if s.slo_pass else "fail"
+        s.ttft_ms.ci95 = {"p99": [s.ttft_ms.p99 * 0.9, None if s.load.value >= 20 else s.ttft_ms.p99 * 1.1]}
+        s.requests_per_s_ci95 = [s.requests_per_s - 0.5, s.requests_per_s + 0.5]
+    at_22 = next(s for s in replay.steps if s.load.value == 22)
+    at_22.slo_verdict = "inconclusive"
+    at_22.slo_violations = ["ttft_p99_ms"]
+    replay.confirmed, replay.knee_interval = True, [20, 24]
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "replay.json").write_text(replay.model_dump_json())
+    write_report(out)
+    report = (out / "report.md").read_text()
+    rec = _section(report, "Recommendation")
+    assert "- Knee: between 20 (highest conclusive pass) and 24 (lowest conclusive fail)" in rec
+    assert "**confirmed** by a repeat on fresh prompts" in rec
+    assert "- Inconclusive steps (counted as failures, never as passes): 22" in rec
+    steps = _section(report, "Steps")
+    first = replay.steps[0]
+    assert f"ttft p99 {first.ttft_ms.p99:,.1f} [{first.ttft_ms.p99 * 0.9:,.1f}, {first.ttft_ms.p99 * 1.1:,.1f}]" in steps
+    assert "inconclusive (counts as fail): ttft_p99_ms" in steps
+    # An open side shows as `?`.
+    assert ", ?]" in steps
+    with (out / "summary.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["confirmed"] for r in rows} == {"True"} and {r["knee_fail"] for r in rows} == {"24"}

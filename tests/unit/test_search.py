@@ -1,6 +1,8 @@
 import pytest
 
-from replay.search import bracket, next_probe
+import random
+
+from replay.search import bracket, is_confirmed, knee_interval, next_probe
 
 
 def run_search(threshold: int, *, start: int = 1, upper: int | None = None, precision: float = 0.05):
@@ -69,3 +71,58 @@ def test_bad_arguments():
         next_probe([], start=0)
     with pytest.raises(ValueError):
         next_probe([], upper=0)
+
+
+def run_confirmed(verdict_at, *, start=1, upper=None, limit=60):
+    """Drive the search with confirmation; `verdict_at(c, k)` gives the k-th verdict at c."""
+    history, seen = [], {}
+    while (n := next_probe(history, start=start, upper=upper, confirm=True)) is not None:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        history.append((n, verdict_at(n, k) == "pass"))
+        assert len(history) < limit
+    return history, bracket(history)
+
+
+def test_the_highest_pass_is_measured_again_before_the_search_ends():
+    history, b = run_confirmed(lambda c, k: "pass" if c <= 10 else "fail")
+    assert history[-1] == (10, True) and [c for c, _ in history].count(10) == 2
+    assert (b.max_passing, b.min_failing) == (10, 11)
+    assert is_confirmed(history, 10)
+
+
+def test_a_repeat_that_does_not_pass_steps_down_and_confirms_again():
+    # 10 passed once by luck: its repeat is inconclusive, so 9 is the answer, confirmed.
+    history, b = run_confirmed(lambda c, k: "pass" if c <= 9 or (c == 10 and k == 0) else "inconclusive")
+    assert (b.max_passing, b.min_failing) == (9, 10)
+    assert is_confirmed(history, 9)
+
+
+def test_an_upper_bound_that_passes_is_confirmed_too():
+    history, b = run_confirmed(lambda c, k: "pass", upper=20)
+    assert [c for c, _ in history][-2:] == [20, 20] and b.max_passing == 20
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_never_above_a_failure_under_noisy_verdicts(seed):
+    # Near the knee (12) verdicts are random; far below they pass, above they fail or are inconclusive.
+    rng = random.Random(seed)
+
+    def verdict(c, k):
+        if c <= 8:
+            return "pass"
+        if c <= 12:
+            return rng.choice(["pass", "pass", "inconclusive", "fail"])
+        return rng.choice(["fail", "inconclusive"])
+
+    history, b = run_confirmed(verdict)
+    failed = [c for c, passed in history if not passed]
+    assert b.max_passing is None or all(b.max_passing < c for c in failed)
+    assert b.max_passing is not None and b.max_passing <= 12 and is_confirmed(history, b.max_passing)
+
+
+def test_knee_interval_takes_conclusive_verdicts_only():
+    assert knee_interval([(4, "pass"), (8, "pass"), (16, "fail"), (12, "inconclusive"), (10, "pass")]) == [10, 16]
+    # A pass above a conclusive fail is noise.
+    assert knee_interval([(4, "pass"), (6, "fail"), (8, "pass")]) == [4, 6]
+    assert knee_interval([(4, "inconclusive")]) == [None, None]

@@ -118,3 +118,58 @@ def test_server_keys_are_judged_on_vllm_histograms():
         "max_preemptions": "server",
         "error_rate": "client",
     }
+
+
+def _with_ci(p99, ci):
+    return make_step(tpot_ms=LatencySummary(mean=20, p50=18, p90=30, p95=40, p99=p99, max=60, ci95={"p99": ci}))
+
+
+@pytest.mark.parametrize(
+    "ci, verdict",
+    [
+        ([40.0, 50.0], "pass"),  # the whole interval at or below the bound
+        ([40.0, 50.000001], "inconclusive"),  # its top just above
+        ([50.000001, 55.0], "fail"),  # the whole interval above
+        ([50.0, 55.0], "inconclusive"),  # its bottom on the bound: not shown to break it
+        ([40.0, None], "inconclusive"),  # no finite upper bound yet
+        ([None, None], "inconclusive"),
+        ([51.0, None], "fail"),  # an open top does not matter once the bottom is above
+    ],
+)
+def test_three_valued_verdicts_at_the_edges(ci, verdict):
+    v, _ = slo.verdicts(_with_ci(45.0, ci), {"tpot_p99_ms": 50.0})
+    assert v == {"tpot_p99_ms": verdict}
+    assert slo.step_verdict(v) == verdict
+
+
+def test_step_verdict_fail_wins_then_inconclusive():
+    assert slo.step_verdict({"a": "pass", "b": "inconclusive", "c": "fail"}) == "fail"
+    assert slo.step_verdict({"a": "pass", "b": "inconclusive"}) == "inconclusive"
+    assert slo.step_verdict({"a": "pass"}) == slo.step_verdict({}) == "pass"
+
+
+def test_samples_decide_a_percentile_against_its_bound():
+    rules = {"tpot_p90_ms": 50.0}
+    step = _with_ci(45.0, [None, None])
+    far_below = [10.0 + 0.001 * i for i in range(100)]  # a slow drift, far under the bound
+    assert slo.verdicts(step, rules, {"tpot": far_below})[0] == {"tpot_p90_ms": "pass"}
+    assert slo.verdicts(step, rules, {"tpot": [100.0] * 100})[0] == {"tpot_p90_ms": "fail"}
+    straddling = [40.0, 60.0] * 50  # half above: its p90 is above the bound
+    assert slo.verdicts(step, rules, {"tpot": straddling})[0] == {"tpot_p90_ms": "fail"}
+    assert slo.verdicts(step, rules, {"tpot": [40.0] * 89 + [60.0] * 11})[0] == {"tpot_p90_ms": "inconclusive"}
+
+
+def test_attainment_is_a_lower_bound_with_its_own_interval():
+    rules = {"min_slo_attainment": 0.9}
+    assert slo.verdicts(make_step(slo_attainment=0.97, slo_attainment_ci95=[0.95, 0.99]), rules)[0] == {"min_slo_attainment": "pass"}
+    assert slo.verdicts(make_step(slo_attainment=0.8, slo_attainment_ci95=[0.7, 0.85]), rules)[0] == {"min_slo_attainment": "fail"}
+    assert slo.verdicts(make_step(slo_attainment=0.91, slo_attainment_ci95=[0.88, 0.94]), rules)[0] == {"min_slo_attainment": "inconclusive"}
+    assert slo.evaluate(make_step(slo_attainment=None), rules)[0] == ["min_slo_attainment"]
+
+
+def test_min_requests_follow_the_percentiles():
+    assert slo.min_requests_for({}) == 100
+    assert slo.min_requests_for({"tpot_p90_ms": 30, "e2e_p50_ms": 1}) == 100
+    assert slo.min_requests_for({"ttft_p99_ms": 800}) == 368
+    assert slo.min_requests_for({"min_slo_attainment": 0.995}) == 736
+    assert slo.per_request_bounds({"ttft_p50_ms": 100, "ttft_p99_ms": 800, "itl_p99_ms": 5, "e2e_max_ms": 9}) == {"ttft": 800, "e2e": 9}

@@ -24,7 +24,7 @@ def test_summarize_matches_numpy():
 
 def test_empty_sample_is_all_none():
     s = stats.summarize([])
-    assert s.model_dump() == {"mean": None, "p50": None, "p90": None, "p95": None, "p99": None, "max": None}
+    assert s.model_dump() == {"mean": None, "p50": None, "p90": None, "p95": None, "p99": None, "max": None, "ci95": None}
 
 
 def test_latencies_from_records():

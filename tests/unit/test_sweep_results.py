@@ -35,6 +35,7 @@ def test_version_2_round_trips_unchanged():
         "corpus": {"path": "prompts/prod.jsonl", "sha256": "9f2c" * 16, "requests": 500},
         "vllm_version": "0.32.0",
         "gpus_found": ["0", "1", "2", "3"],
+        "cpus_split": None,
     }
     assert SweepResults.model_validate(saved) == sweep
 
