@@ -362,11 +362,11 @@ class StreamingClient:
         return count
 
     async def metrics_text(self) -> str | None:
-        """GET /metrics as Prometheus text; None when the server has none or cannot be reached."""
-        try:
-            resp = await self.http.get("/metrics")
-        except httpx.TransportError:
-            return None
+        """GET /metrics as Prometheus text; None when the server has none (any answer but 200).
+
+        A transport error (a time-out on a saturated server, say) is raised, so that the scraper
+        notes what failed instead of calling the server one without metrics."""
+        resp = await self.http.get("/metrics")
         return resp.text if resp.status_code == 200 else None
 
     async def version(self) -> str | None:

@@ -82,14 +82,13 @@ def test_above_kv_capacity_requests_are_preempted_and_the_guard_fails(
     over = _step(results, above)
     assert over.requests_failed == 0, over.errors
     # More requests than the pool holds at their full length are admitted (each starts with one
-    # block), and running ones are preempted as they grow. The preemption counter is exact; the
-    # gauges are sampled, and on two loaded cores vLLM answers /metrics only every few seconds
-    # (4 samples in a whole step, seen in a fresh-clone run), so brief states (a preempted request waiting, the
-    # pool's last block taken) can fall between samples, while the lasting ones cannot.
+    # block), and running ones are preempted as they grow. The preemption counter is exact (a
+    # difference of two scrapes). The gauges (waiting, running, KV usage) are sampled, and with 32
+    # streams on two cores vLLM's API process answers /metrics rarely or not within the scrape's
+    # time-out: fresh-clone runs saw 4 samples in a whole step, then 3 that all missed the load.
+    # A sampled peak says what was seen, not what happened, so it is not asserted here.
+    assert over.server.metrics_available, over.server.metrics_note
     assert (over.server.preemptions or 0) > 0
-    assert (over.server.running_peak or 0) > fitting
-    assert over.server.kv_cache_usage_peak is not None and ok.server.kv_cache_usage_peak is not None
-    assert over.server.kv_cache_usage_peak > ok.server.kv_cache_usage_peak
     assert not over.slo_pass
     assert "max_preemptions" in over.slo_violations
     # Latency is not compared between the steps: on a loaded two-core machine the first step

@@ -197,7 +197,8 @@ def test_points_run_on_both_nodes_on_disjoint_gpus_with_the_local_results(cluste
         steps = {"true": 0.0, "false": 0.0}
         for verdict in steps:
             steps[verdict] = value(metrics, "planner_steps_total", point=p.id, slo_pass=verdict) or 0.0
-        assert steps == {"true": 1.0, "false": 2.0}, (p.id, steps)  # 2 passes, 4 and 3 fail
+        # 2 passes, 4 and 3 fail, and 2 passes again on fresh prompts: the knee confirmed.
+        assert steps == {"true": 2.0, "false": 2.0}, (p.id, steps)
         assert value(metrics, "planner_requests_total", point=p.id, status="ok") >= 3 * 20
         assert value(metrics, "planner_inflight_requests", point=p.id) == 0
         assert value(metrics, "planner_safe_concurrency_per_gpu", point=p.id) == p.safe_concurrency_per_gpu
@@ -273,8 +274,11 @@ def test_a_point_whose_node_dies_is_retried_on_the_other_node(cluster, tmp_path)
     # known answer is test (a)'s business: this one must not hang on the latency of a busy machine.)
     assert int(retried.steps[0].load.value) == 2
     assert retried.max_passing_concurrency is not None and retried.min_failing_concurrency is not None
-    values = [int(s.load.value) for s in retried.steps]
-    assert len(values) == len(set(values)), values
+    # None of the lost attempt's steps is kept. (Loads may repeat: the search measures its knee
+    # again on fresh prompts to confirm it.)
+    lost = {(s["started_at"], s["load"]["value"]) for s in victim["steps"]}
+    kept = {(s.started_at, s.load.value) for s in retried.steps}
+    assert victim["steps"] and not lost & kept, (lost, kept)
     time.sleep(1)
     assert fake_servers(cfg) == []
 

@@ -262,3 +262,12 @@ def test_tokenize_version_and_metrics() -> None:
     assert (count, version, metrics) == (4, "0.32.0", None)
     with pytest.raises(ServerError, match="no /tokenize endpoint"):
         api(lambda req: httpx.Response(404), lambda c: c.tokenize(Req()))
+
+
+def test_a_metrics_time_out_is_raised_not_taken_for_a_server_without_metrics() -> None:
+    # The scrapers note the error; a None would read "the server has no /metrics endpoint".
+    def handler(req: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=req)
+
+    with pytest.raises(httpx.ReadTimeout):
+        api(handler, lambda c: c.metrics_text())
