@@ -86,9 +86,11 @@ def _bisect(history: Sequence[tuple[int, bool]], upper: int | None, rel_precisio
 
 
 def knee_interval(verdicts: Sequence[tuple[int, str]]) -> list[int | None]:
-    """[highest conclusive pass, lowest conclusive fail] from (concurrency, verdict) pairs; a pass
-    at or above a conclusive fail is noise and does not count."""
+    """[highest conclusive pass, lowest conclusive fail] from (concurrency, verdict) pairs. A pass
+    counts only below every step that did not pass (a fail, an inconclusive window, a knee
+    confirmation that did not hold): above one, a pass is noise, as it is for the search."""
     fails = [c for c, v in verdicts if v == "fail"]
-    lowest_fail = min(fails) if fails else None
-    passes = [c for c, v in verdicts if v == "pass" and (lowest_fail is None or c < lowest_fail)]
-    return [max(passes) if passes else None, lowest_fail]
+    not_passed = [c for c, v in verdicts if v != "pass"]
+    below = min(not_passed) if not_passed else None
+    passes = [c for c, v in verdicts if v == "pass" and (below is None or c < below)]
+    return [max(passes) if passes else None, min(fails) if fails else None]

@@ -126,3 +126,6 @@ def test_knee_interval_takes_conclusive_verdicts_only():
     # A pass above a conclusive fail is noise.
     assert knee_interval([(4, "pass"), (6, "fail"), (8, "pass")]) == [4, 6]
     assert knee_interval([(4, "inconclusive")]) == [None, None]
+    # 5 passed, then its confirmation was inconclusive: the search stepped down to 4, and the
+    # interval's lower edge goes with it.
+    assert knee_interval([(4, "pass"), (8, "fail"), (6, "fail"), (5, "pass"), (5, "inconclusive"), (4, "pass")]) == [4, 6]
