@@ -36,14 +36,6 @@ def ttft_ms(records: Iterable[RequestRecord]) -> np.ndarray:
     return np.array([r.ttft_s * 1e3 for r in records if r.ok and r.ttft_s is not None], dtype=float)
 
 
-def itl_ms(records: Iterable[RequestRecord]) -> np.ndarray:
-    """Gaps between consecutive content chunks of each request, pooled over requests."""
-    gaps = [np.diff(np.asarray(r.token_times_s)) for r in records if r.ok and len(r.token_times_s) > 1]
-    if not gaps:
-        return np.empty(0)
-    return np.concatenate(gaps) * 1e3
-
-
 def tpot_ms(records: Iterable[RequestRecord]) -> np.ndarray:
     """Time per output token after the first, per request (requests with at least two tokens)."""
     out = []
