@@ -30,7 +30,8 @@ FailureKind = Literal[
     "interrupted",
     # Ray executor: the point's node (or its worker) went away max_retries + 1 times.
     "node_lost",
-    # Ray executor: no node of the cluster has the GPUs (and node_selector resources) the point needs.
+    # No node of the Ray cluster has the GPUs (and node_selector resources) the point needs, or, for a
+    # point across nodes (nnodes > 1), not that many nodes have them; or a local sweep and nnodes > 1.
     "not_enough_gpus",
 ]
 

@@ -125,6 +125,7 @@ class VllmServer:
         stop_grace_s: float = 20.0,
         cuda_visible_devices: str | None = None,
         cpus: Sequence[int] | None = None,
+        headless: bool = False,
     ) -> None:
         if not command:
             raise ServerStartError("the server command is empty; give e.g. ['vllm', 'serve']")
@@ -141,6 +142,9 @@ class VllmServer:
         self.cuda_visible_devices = cuda_visible_devices
         # The CPUs the server's processes run on (planner.cpus); None: wherever the OS puts them.
         self.cpus = tuple(cpus) if cpus else None
+        # A rank of a point across nodes other than rank 0 (`vllm serve --headless`) serves no API:
+        # it is up once its process runs, and says what went wrong only in its log and exit code.
+        self.headless = headless
 
         self.capacity = Capacity()
         self.vllm_version: str | None = None
@@ -259,10 +263,11 @@ class VllmServer:
                 os.sched_setaffinity(self._proc.pid, self.cpus)
         try:
             await self._start_reaper()
-            async with self._client() as client:
-                await self._wait_ready(client)
-                self.startup_s = time.perf_counter() - spawned_at
-                await self._read_capacity(client)
+            if not self.headless:
+                async with self._client() as client:
+                    await self._wait_ready(client)
+                    self.startup_s = time.perf_counter() - spawned_at
+                    await self._read_capacity(client)
         except BaseException:
             await self.stop()
             raise

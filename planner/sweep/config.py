@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from planner.errors import ConfigError
 from planner.redaction import REDACTED, redact, redact_env
-from planner.vllm_args import has_flag
+from planner.vllm_args import fixed_flags, has_flag
 from replay import slo as slo_mod
 from replay.errors import SloSpecError
 from replay.settings import ReplaySettings
@@ -38,6 +38,11 @@ def _relative_to_config(value: str) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# vLLM's multi-node flags (--nnodes N on every node, one rank per node) that the planner gives
+# each rank of a point itself: which rank it is, where rank 0 is, and the ranks without an API.
+MULTINODE_FLAGS = ("--node-rank", "-r", "--master-addr", "--master-port", "--headless")
 
 
 class ServerSection(_Strict):
@@ -72,7 +77,15 @@ class ServerSection(_Strict):
                 raise ValueError(
                     f"{flags[0]} decides how many GPUs a point takes; set it in [grid] ({key} = [N]), not in [server] args"
                 )
+        if has_flag(args, "--nnodes", "-n"):
+            raise ValueError(
+                "--nnodes decides how many nodes a point spans; set it in [grid.extra] (nnodes = [N]), not in [server] args"
+            )
+        for flag in MULTINODE_FLAGS:
+            if has_flag(args, flag):
+                raise ValueError(f"{flag} is set by the planner on each node of a multi-node point; remove it from [server] args")
         return args
+
 
 
 AxisValue = int | float | str | bool
@@ -108,6 +121,23 @@ class GridSection(_Strict):
         for name, values in {**self.extra, **self.env}.items():
             if not values:
                 raise ValueError(f"axis {name!r} has no values")
+        extra = {k.strip("-").replace("-", "_"): v for k, v in self.extra.items()}
+        for flag in MULTINODE_FLAGS:
+            if flag.startswith("--") and flag[2:].replace("-", "_") in extra:
+                raise ValueError(f"[grid.extra] {flag[2:].replace('-', '_')}: the planner sets {flag} on each node of a multi-node point")
+        for key in ("nnodes", "pipeline_parallel_size"):
+            for v in extra.get(key, []):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"[grid.extra] {key}: {v!r} is not a whole number >= 1")
+        # vLLM splits a point's tensor x pipeline parallel ranks evenly over its nodes.
+        for tp in self.tensor_parallel_size or [1]:
+            for pp in extra.get("pipeline_parallel_size", [1]):
+                for nodes in extra.get("nnodes", [1]):
+                    if (tp * pp) % nodes:
+                        raise ValueError(
+                            f"nnodes {nodes} does not divide the {tp * pp} GPUs of tensor_parallel_size {tp} x"
+                            f" pipeline_parallel_size {pp}: vLLM puts the same number of GPUs on each node"
+                        )
         return self
 
 
@@ -218,6 +248,24 @@ class SweepSettings(BaseSettings):
                 " max_concurrency, precision); remove these keys"
             )
         return replay
+
+    @model_validator(mode="after")
+    def _no_ray_backend_on_ray(self) -> SweepSettings:
+        if self.executor.kind != "ray":
+            return self
+        backends = [fixed_flags(self.server.args).get("distributed_executor_backend")]
+        backends += [
+            v for k, values in self.grid.extra.items() if k.strip("-").replace("-", "_") == "distributed_executor_backend"
+            for v in values
+        ]
+        if "ray" in backends:
+            raise ValueError(
+                "[executor] kind = \"ray\" and --distributed-executor-backend ray: vLLM's Ray backend places its"
+                " workers with a placement group of its own, on GPUs this sweep's placement groups already hold, and"
+                " would wait for them; for a point across nodes use vLLM's multi-node mode ([grid.extra] nnodes = [N]),"
+                " and on one node leave the backend at its default"
+            )
+        return self
 
     @field_validator("prompts")
     @classmethod

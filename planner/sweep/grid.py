@@ -36,6 +36,15 @@ class Point:
         """Tensor x pipeline parallel size ([server] args may not set either, so the grid knows)."""
         return int(self.config.get("tensor_parallel_size") or 1) * int(self.config.get("pipeline_parallel_size") or 1)
 
+    @property
+    def nnodes(self) -> int:
+        """The nodes vLLM spreads the point over ([grid.extra] nnodes; 1: one node)."""
+        return int(self.config.get("nnodes") or 1)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nnodes
+
 
 def _flags_for(key: str, value: Any) -> list[str]:
     name = flag_name(key)

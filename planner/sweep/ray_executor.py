@@ -4,6 +4,8 @@
     ----------------------                          --------------------------
     placement group, STRICT_PACK:                   _point_on_node (a Ray task in that group):
       {GPU: tp x pp, CPU: cpus_per_point, ...}        CUDA_VISIBLE_DEVICES = the GPUs Ray assigned
+      (nnodes > 1: one such bundle of tp x pp /       (nnodes > 1: vLLM's rank 0 here, and one
+       nnodes GPUs per node, STRICT_SPREAD)            HeadlessRank actor per other bundle)
     corpus, settings: ray.put once  ------------->    the point as run locally (run._run_point):
     relay queue (an actor on the driver's node) <--   vLLM on loopback, the same search, events and
     sweep.json, rewritten as results come   <------   result snapshots; returns result + server log
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import signal
 import socket
@@ -31,13 +34,22 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.queue import Queue
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from planner import gpus as gpu_mod
 from planner.errors import ConfigError
+from planner.ports import free_port
 from planner.sweep.config import ExecutorSection, SweepSettings
 from planner.sweep.grid import Point
 from planner.sweep.observer import SweepObservers
+from planner.sweep.ray_ranks import (
+    HeadlessRanks,
+    PeerLost,
+    PeerStartFailed,
+    accelerator_type,
+    local_gpus,
+    rank_flags,
+    rank_log_path,
+)
 from planner.sweep.relay import RelayObserver, dispatch
-from planner.sweep.results import Failure, PointResult, SweepResults
+from planner.sweep.results import INFEASIBLE_KINDS, Failure, NodeRank, PointResult, SweepResults
 from planner.sweep.run import SweepContext, _now, _record_prediction_error, _run_point
 from replay.corpus import Corpus
 
@@ -50,6 +62,12 @@ HEAD_RESOURCE = "node:__internal_head__"
 HEAD_AMOUNT = 0.001
 # How often a node sends its point's events to the driver.
 RELAY_EVERY_S = 0.25
+# How long rank 0 of a point across nodes may take to end after another rank's vLLM has.
+PEER_EXIT_GRACE_S = 5.0
+# How long Ray may take to report a node lost under a point's other rank (its health checks).
+NODE_LOSS_WAIT_S = 30.0
+# Rank 0's failures that say only that it stopped, not why (another rank may know).
+_WENT_DOWN_WITH_ANOTHER = frozenset({"interrupted", "server_died", "crashed", "timeout"})
 # Lines of a Ray error kept in a failure message (its tracebacks run long).
 _ERROR_LINES = 6
 
@@ -101,10 +119,10 @@ class RayCluster:
     # -- placement ------------------------------------------------------------------------------
 
     def bundle(self, point: Point) -> dict[str, float]:
-        """What one point holds on its node: its GPUs, CPUs for the server and the client, and
-        whatever [executor.node_selector] asks for."""
+        """What one point holds on (each of) its node(s): its GPUs, CPUs for the server and the
+        client, and whatever [executor.node_selector] asks for."""
         selector = self.executor.node_selector
-        wanted: dict[str, float] = {"GPU": float(point.gpus), "CPU": self.executor.cpus_per_point}
+        wanted: dict[str, float] = {"GPU": float(point.gpus_per_node), "CPU": self.executor.cpus_per_point}
         if selector.gpu_type:
             wanted[ACCELERATOR_PREFIX + selector.gpu_type] = ACCELERATOR_AMOUNT
         wanted.update(selector.resources)
@@ -114,7 +132,8 @@ class RayCluster:
     def unplaceable(self, point: Point) -> Failure | None:
         """Why no node of the cluster can ever hold the point (None when one can)."""
         need = self.bundle(point)
-        if any(all(n["Resources"].get(k, 0.0) >= v for k, v in need.items()) for n in self.nodes):
+        fitting = [n for n in self.nodes if all(n["Resources"].get(k, 0.0) >= v for k, v in need.items())]
+        if len(fitting) >= point.nnodes:
             return None
         have = "; ".join(
             f"{n['NodeManagerHostname']} ({n['NodeID'][:8]}): {n['Resources'].get('GPU', 0):g} GPU"
@@ -126,9 +145,14 @@ class RayCluster:
             for n in self.nodes
         )
         wants = ", ".join(f"{k} {v:g}" for k, v in need.items())
+        where = (
+            "on one node (GPUs = tensor x pipeline parallel)"
+            if point.nnodes == 1
+            else f"on each of {point.nnodes} nodes (nnodes = {point.nnodes}; GPUs = tensor x pipeline parallel / nnodes)"
+        )
         return Failure(
             kind="not_enough_gpus",
-            message=f"the point needs {wants} on one node (GPUs = tensor x pipeline parallel); the cluster's nodes have: {have or 'none'}",
+            message=f"the point needs {wants} {where}; the cluster's nodes have: {have or 'none'}",
         )
 
     # -- running --------------------------------------------------------------------------------
@@ -147,15 +171,17 @@ class RayCluster:
         cpus = self.executor.cpus_per_point
         for point, result in todo:
             bundle = self.bundle(point)
-            group = placement_group([bundle], strategy="STRICT_PACK")
+            # A point across nodes: one bundle per node, each on a node of its own.
+            group = placement_group([bundle] * point.nnodes, strategy="STRICT_PACK" if point.nnodes == 1 else "STRICT_SPREAD")
             groups.append(group)
             refs.append(
                 _point_on_node.options(
-                    num_gpus=point.gpus,
+                    num_gpus=point.gpus_per_node,
                     num_cpus=cpus,
                     resources={k: v for k, v in bundle.items() if k not in ("GPU", "CPU")},
                     max_retries=self.executor.max_retries,
-                    retry_exceptions=False,
+                    # Only a headless rank's lost node reruns a point; nothing else it raises.
+                    retry_exceptions=[PeerLost],
                     scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
                     name=f"planner-point-{point.id}",
                 ).remote(settings_ref, corpus_ref, point, result, relay)
@@ -184,9 +210,7 @@ class RayCluster:
                     ray.cancel(ref, force=True)
             raise
         finally:
-            draining.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await draining
+            await _stop_draining(relay, draining)
             for group in groups:
                 _release(group)
             with contextlib.suppress(RayError):
@@ -211,9 +235,16 @@ class RayCluster:
         except TaskCancelledError as exc:
             result.status, result.failure = "failed", Failure(kind="interrupted", message=_short(exc))
         except RayTaskError as exc:
-            # The point's own code lets nothing escape but a bug in the planner.
             result.status = "failed"
-            result.failure = Failure(kind="planner_error", message=_short(exc), log_tail=str(exc).splitlines()[-20:])
+            if isinstance(exc.cause, PeerLost):
+                result.failure = Failure(
+                    kind="node_lost",
+                    message=f"a node of the point was lost {self.executor.max_retries + 1} time(s)"
+                    f" ([executor] max_retries = {self.executor.max_retries}): {exc.cause}",
+                )
+            else:
+                # The point's own code lets nothing escape but a bug in the planner.
+                result.failure = Failure(kind="planner_error", message=_short(exc), log_tail=str(exc).splitlines()[-20:])
         except RayError as exc:
             result.status = "failed"
             result.failure = Failure(
@@ -223,10 +254,13 @@ class RayCluster:
             )
         else:
             _adopt(result, out["result"])
-            if out["server_log"] is not None and result.log_path:
-                log = ctx.output_dir / result.log_path
-                log.parent.mkdir(parents=True, exist_ok=True)
-                log.write_bytes(out["server_log"])
+            logs = {result.log_path: out["server_log"]}
+            logs.update({r.log_path: out["rank_logs"].get(r.rank) for r in result.ranks if r.rank > 0})
+            for path, content in logs.items():
+                if path and content is not None:
+                    log = ctx.output_dir / path
+                    log.parent.mkdir(parents=True, exist_ok=True)
+                    log.write_bytes(content)
         finally:
             # The group holds its GPUs until removed: the next waiting point gets them now.
             _release(group)
@@ -251,12 +285,27 @@ def _adopt(result: PointResult, snapshot: dict) -> None:
 async def _drain(relay: Queue, on_events) -> None:
     while True:
         try:
-            point_id, events = await relay.get_async()
+            item = await relay.get_async()
         except RayError:
             # The relay is gone (its node died): live progress stops, but every point's result
             # still comes back as its task's return value.
             return
-        on_events(point_id, events)
+        if item is None:
+            return
+        on_events(*item)
+
+
+async def _stop_draining(relay: Queue, draining: asyncio.Task) -> None:
+    """End the drain with a last item rather than by cancelling it: a Ray Client connection
+    (ray://) fails in its own thread when a pending get's future is cancelled under it."""
+    with contextlib.suppress(RayError):
+        await relay.put_async(None)
+    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(draining), 5.0)
+    if not draining.done():
+        draining.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await draining
 
 
 # -- on the node ---------------------------------------------------------------------------------
@@ -270,20 +319,6 @@ class _NodeContext(SweepContext):
     def save(self) -> None:
         if self.relay is not None:
             self.relay.result(self.results.points[0])
-
-
-def _local_gpus(gpu_ids: tuple[str, ...]) -> list[gpu_mod.Gpu]:
-    try:
-        return [g for g in gpu_mod.discover("auto") if g.index in gpu_ids]
-    except ConfigError:
-        return []  # nvidia-smi fails here: the point still runs, unsampled
-
-
-def _accelerator_type(node_id: str) -> str | None:
-    for node in ray.nodes():
-        if node["NodeID"] == node_id:
-            return ", ".join(_node_models(node["Resources"])) or None
-    return None
 
 
 async def _send(relay: Queue, point_id: str, observer: RelayObserver) -> None:
@@ -302,10 +337,16 @@ async def _on_node(settings: SweepSettings, corpus: Corpus, point: Point, result
     observer = RelayObserver()
     # A retried point starts over: nothing of the attempt its node took down is kept.
     result = PointResult.model_validate(
-        {**result.model_dump(), "steps": [], "node_id": runtime.get_node_id(), "node_hostname": socket.gethostname()}
+        {
+            **result.model_dump(),
+            "steps": [],
+            "ranks": [],
+            "node_id": runtime.get_node_id(),
+            "node_hostname": socket.gethostname(),
+        }
     )
-    inventory = _local_gpus(gpu_ids)
-    result.gpu_model = ", ".join(sorted({g.name for g in inventory})) or _accelerator_type(result.node_id)
+    inventory = local_gpus(gpu_ids)
+    result.gpu_model = ", ".join(sorted({g.name for g in inventory})) or accelerator_type(result.node_id)
     ctx = _NodeContext(
         settings=settings,
         corpus=corpus,
@@ -323,8 +364,12 @@ async def _on_node(settings: SweepSettings, corpus: Corpus, point: Point, result
             await _send(relay, point.id, observer)
 
     pumping = asyncio.create_task(pump())
+    rank_logs: dict[int, bytes] = {}
     try:
-        await _run_point(ctx, point, result, gpu_ids)
+        if point.nnodes == 1:
+            await _run_point(ctx, point, result, gpu_ids)
+        else:
+            rank_logs = await _across_nodes(ctx, point, result, gpu_ids)
     finally:
         pumping.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -333,7 +378,89 @@ async def _on_node(settings: SweepSettings, corpus: Corpus, point: Point, result
     log = workdir / (result.log_path or "")
     server_log = log.read_bytes() if result.log_path and log.is_file() else None
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"result": result.model_dump(mode="json"), "server_log": server_log}
+    return {"result": result.model_dump(mode="json"), "server_log": server_log, "rank_logs": rank_logs}
+
+
+async def _across_nodes(ctx: _NodeContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...]) -> dict[int, bytes]:
+    """Rank 0 of a point vLLM spreads over nodes: the headless ranks first (they wait for rank 0),
+    then the point as on one node. A headless rank whose vLLM exits ends the point; one whose node
+    is lost reruns it (PeerLost)."""
+    master_addr = ray.util.get_node_ip_address()
+    master_port = free_port(master_addr)
+    peers = HeadlessRanks(ctx.settings, point, master_addr, master_port)
+    rank0 = NodeRank(
+        rank=0,
+        node_id=result.node_id,
+        node_hostname=result.node_hostname,
+        gpu_ids=list(gpu_ids),
+        gpu_model=result.gpu_model,
+        log_path=result.log_path,
+    )
+    try:
+        try:
+            others = await peers.start()
+        except PeerStartFailed as exc:
+            result.status, result.failure = "failed", Failure(kind="crashed", message=str(exc))
+            return {}
+        result.ranks = [rank0, *others]
+        for r in others:
+            r.log_path = rank_log_path(point.id, r.rank)
+        result.gpu_model = _models(result.ranks)
+        ctx.save()
+        as_rank0 = dataclasses.replace(point, flags=[*point.flags, *rank_flags(0, master_addr, master_port)])
+        not_ready = result.capacity  # replaced by the server's own once rank 0 is ready
+        measuring = asyncio.create_task(_run_point(ctx, as_rank0, result, gpu_ids))
+        watching = asyncio.create_task(peers.first_exit())
+        await asyncio.wait({measuring, watching}, return_when=asyncio.FIRST_COMPLETED)
+        ready = result.capacity is not not_ready
+        another_first = not measuring.done()
+        if another_first:
+            if watching.result()[2] is None:
+                # Rank 0 stopping its server ends the other ranks too, and a rank that ends on its
+                # own takes rank 0 down with it: either way rank 0 ends soon after.
+                await asyncio.wait({measuring}, timeout=ctx.settings.server.stop_grace_s + PEER_EXIT_GRACE_S)
+            if not measuring.done():
+                measuring.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await measuring
+        elif _went_down(result):
+            # Rank 0 failed without saying why; a node lost under another rank shows only once
+            # Ray has noticed (its health checks).
+            await asyncio.wait({watching}, timeout=NODE_LOSS_WAIT_S)
+        if not watching.done():
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+            measuring.result()
+            return peers.logs
+        rank, exit_code, lost = watching.result()
+        if lost is not None:
+            raise PeerLost(f"rank {rank.rank} on {rank.node_hostname}: {lost}")
+        if another_first and _went_down(result):
+            # The rank that ended first has the cause in its log; what rank 0 then did follows.
+            own = result.failure
+            await peers.stop()
+            failure = peers.failure(rank, exit_code, ready=ready)
+            if own is not None and own.kind != "interrupted":
+                failure.message += f"; then rank 0: {own.message}"
+            result.status = "infeasible" if failure.kind in INFEASIBLE_KINDS else "failed"
+            result.failure = failure
+        return peers.logs
+    finally:
+        await peers.stop()
+        rank0.log_path = result.log_path
+        if result.ranks:
+            # Every node's model (the point's run set rank 0's alone).
+            result.gpu_model = _models(result.ranks)
+        ctx.save()
+
+
+def _went_down(result: PointResult) -> bool:
+    return result.status != "ok" and (result.failure is None or result.failure.kind in _WENT_DOWN_WITH_ANOTHER)
+
+
+def _models(ranks: list[NodeRank]) -> str | None:
+    return ", ".join(sorted({r.gpu_model for r in ranks if r.gpu_model})) or None
 
 
 @ray.remote

@@ -34,6 +34,20 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class NodeRank(_Model):
+    """One node of a point that vLLM spreads over several ([grid.extra] nnodes): rank 0 serves the
+    API and is replayed against; the others run vLLM headless."""
+
+    rank: int
+    node_id: str | None = None
+    node_hostname: str | None = None
+    gpu_ids: list[str] = Field(default_factory=list)
+    gpu_model: str | None = None
+    # Rank 0's log is the point's log_path; the others' beside it.
+    log_path: str | None = None
+    exit_code: int | None = None
+
+
 class PointResult(_Model):
     id: str
     # The point's axis values: flag names in underscore form (max_model_len, gpu_memory_utilization,
@@ -61,6 +75,9 @@ class PointResult(_Model):
     gpu_model: str | None = None
     node_id: str | None = None
     node_hostname: str | None = None
+    # A point across nodes: every node it ran on, rank 0 first (node_id, node_hostname and gpu_ids
+    # above are rank 0's, gpu_model every rank's). Empty for a point on one node.
+    ranks: list[NodeRank] = Field(default_factory=list)
     safe_concurrency_per_gpu: float | None = None
     output_tokens_per_s_per_gpu: float | None = None
     binding_constraint: str | None = None

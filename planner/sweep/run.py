@@ -330,6 +330,14 @@ def _too_many_gpus(point: Point, available: int) -> Failure:
     )
 
 
+def _one_machine(point: Point) -> Failure:
+    return Failure(
+        kind="not_enough_gpus",
+        message=f"the point spreads vLLM over {point.nnodes} nodes (nnodes = {point.nnodes}) and a local sweep has"
+        " one machine; run it on a Ray cluster ([executor] kind = \"ray\", or --executor ray)",
+    )
+
+
 async def _run_point(ctx: SweepContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...]) -> None:
     observer = SweepObservers(*ctx.observers)
     observer.point_started(point.id, point.config, ctx.settings.server.model)
@@ -406,6 +414,9 @@ async def _sweep(
             continue
         result = _new_result(point, fp)
         ctx.results.points.append(result)
+        if cluster is None and point.nnodes > 1:
+            result.status, result.failure = "infeasible", _one_machine(point)
+            continue
         if inventory and point.gpus > len(inventory):
             result.status, result.failure = "infeasible", _too_many_gpus(point, len(inventory))
             continue

@@ -45,6 +45,13 @@ Other knobs: FAKE_VLLM_STARTUP_S (seconds before the port opens); FAKE_VLLM_DIE_
 ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)); FAKE_VLLM_DIE_AFTER_REQUESTS
 (the same once N completion requests have arrived: unlike a time, independent of machine load);
 FAKE_VLLM_IGNORE_SIGTERM=1 (both processes ignore SIGTERM, so only SIGKILL stops them).
+
+Across nodes (--nnodes N, vLLM's multiprocessing backend): tensor x pipeline parallel size must
+divide by N, and each node needs its share of the GPUs. Rank 0 listens on --master-addr:--master-port
+and waits (FAKE_VLLM_RENDEZVOUS_S, default 60) for ranks 1..N-1, which run with `--node-rank k
+--headless` and connect to it, before it sizes its cache and serves; a rank that goes away then
+takes rank 0 down (exit 1), and rank 0 stopping (or dying) ends the others. FAKE_VLLM_RANK_DIE_AFTER_S:
+a headless rank dies (exit 1) this long after joining.
 """
 
 from __future__ import annotations
@@ -55,8 +62,10 @@ import contextlib
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -109,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
+    # Multi-node (vLLM's multiprocessing backend): one process per node, rank 0 serves the API.
+    p.add_argument("--nnodes", "-n", type=int, default=1)
+    p.add_argument("--node-rank", "-r", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")
+    p.add_argument("--distributed-executor-backend", choices=["ray", "mp", "uni", "external_launcher"], default=None)
     return p
 
 
@@ -210,6 +226,80 @@ class FakeVllmServer(FakeServer):
         return "\n".join(lines) + "\n"
 
 
+def _headless(args: argparse.Namespace, log: Logger) -> int:
+    """Ranks 1..N-1: join rank 0's group, then live until rank 0 says goodbye or goes away."""
+    head = f"{args.master_addr}:{args.master_port}"
+    log("INFO", "serve.py:214", f"Launching vLLM (v{FAKE_VERSION}) headless multiproc executor, with head node address {head} for torch.distributed process group.")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    deadline = time.monotonic() + _env_float("FAKE_VLLM_RENDEZVOUS_S", 60.0)
+    while True:
+        try:
+            conn = socket.create_connection((args.master_addr, args.master_port), timeout=1.0)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                log("ERROR", "parallel_state.py:1210", f"Timed out joining the torch.distributed group at {head}.")
+                return 1
+            time.sleep(0.2)
+    conn.sendall(f"{args.node_rank}\n".encode())
+    conn.settimeout(None)
+    engine = _start_engine_core(False)
+    try:
+        die_after = _env_float("FAKE_VLLM_RANK_DIE_AFTER_S", 0.0)
+        if die_after:
+            conn.settimeout(die_after)
+        try:
+            said = conn.recv(64)
+        except TimeoutError:
+            log("ERROR", "multiproc_executor.py:540", f"Worker proc VllmWorker-{args.node_rank} died unexpectedly, shutting down executor.")
+            os._exit(1)
+        if said.startswith(b"bye"):
+            log("INFO", "multiproc_executor.py:601", "The head node shut down; shutting down this node's workers.")
+            return 0
+        log("ERROR", "multiproc_executor.py:540", f"Lost the connection to the head node at {head}.")
+        return 1
+    finally:
+        engine.terminate()
+
+
+def _rendezvous(args: argparse.Namespace, log: Logger) -> list[socket.socket] | None:
+    """Rank 0: wait for every other rank to join (None when they did not in time)."""
+    head = f"{args.master_addr}:{args.master_port}"
+    with socket.create_server((args.master_addr, args.master_port)) as server:
+        server.settimeout(_env_float("FAKE_VLLM_RENDEZVOUS_S", 60.0))
+        peers = []
+        try:
+            while len(peers) < args.nnodes - 1:
+                conn, _ = server.accept()
+                conn.recv(16)
+                peers.append(conn)
+        except TimeoutError:
+            log("ERROR", "parallel_state.py:1210", f"Timed out waiting for {args.nnodes - 1 - len(peers)} node(s) to join at {head}.")
+            return None
+    log("INFO", "parallel_state.py:1241", f"All {args.nnodes} nodes joined the torch.distributed group at {head}.")
+    return peers
+
+
+# Set once rank 0 says goodbye: the other ranks closing their connections then is no failure.
+_LEAVING = threading.Event()
+
+
+def _watch_peers(peers: list[socket.socket], log: Logger) -> None:
+    """A rank that goes away takes rank 0 (and so the server) down, as a lost vLLM worker does."""
+
+    def watch(rank: int, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            if conn.recv(1):
+                return
+        if _LEAVING.is_set():
+            return
+        log("ERROR", "core.py:1514", f"EngineCore encountered a fatal error: the worker on node rank {rank} died.", proc="EngineCore")
+        os._exit(1)
+
+    for rank, conn in enumerate(peers, start=1):
+        threading.Thread(target=watch, args=(rank, conn), daemon=True).start()
+
+
 async def _serve(args: argparse.Namespace, behavior: Behavior, cache_info: dict[str, str], log: Logger) -> int:
     ignore_sigterm = os.environ.get("FAKE_VLLM_IGNORE_SIGTERM") == "1"
     stop = asyncio.Event()
@@ -273,6 +363,15 @@ def main(argv: list[str] | None = None) -> int:
     log("INFO", "model.py:1725", "Resolved architecture: LlamaForCausalLM")
 
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    if args.nnodes > 1 and (tp * pp) % args.nnodes:
+        return _config_error(
+            log,
+            f"Invalid data-parallel launch options: `--nnodes {args.nnodes}` must evenly divide the total world size ({tp * pp}).",
+        )
+    if not 0 <= args.node_rank < args.nnodes:
+        return _config_error(
+            log, f"Invalid data-parallel launch options: `--node-rank` must be between 0 and {args.nnodes - 1}; got `--node-rank {args.node_rank}`."
+        )
     max_model_len = args.max_model_len or DERIVED_MAX_MODEL_LEN
     if max_model_len > DERIVED_MAX_MODEL_LEN:
         message = (
@@ -289,13 +388,22 @@ def main(argv: list[str] | None = None) -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     default_gpus = len([d for d in visible.split(",") if d.strip()]) if visible else 1
     gpus = int(os.environ.get("FAKE_VLLM_GPUS", default_gpus))
-    if tp * pp > gpus:
+    if tp * pp // args.nnodes > gpus:
         return _config_error(
             log,
-            f"World size ({tp * pp}) is larger than the number of available GPUs ({gpus}) in this node. "
+            f"World size ({tp * pp // args.nnodes}) is larger than the number of available GPUs ({gpus}) in this node. "
             "If this is intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.",
         )
     log("INFO", "model.py:1880", f"Using max model len {max_model_len}")
+    if args.node_rank > 0:
+        return _headless(args, log)
+    peers: list[socket.socket] = []
+    if args.nnodes > 1:
+        joined = _rendezvous(args, log)
+        if joined is None:
+            return 1
+        peers = joined
+        _watch_peers(peers, log)
 
     ignore_sigterm = os.environ.get("FAKE_VLLM_IGNORE_SIGTERM") == "1"
     engine = _start_engine_core(ignore_sigterm)
@@ -377,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         return asyncio.run(_serve(args, behavior, cache_info, log))
     finally:
+        _LEAVING.set()
+        for conn in peers:
+            with contextlib.suppress(OSError):
+                conn.sendall(b"bye\n")
         with contextlib.suppress(ProcessLookupError):
             engine.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):

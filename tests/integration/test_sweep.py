@@ -236,3 +236,20 @@ def test_sigkilled_server_fails_its_point_and_the_next_point_runs(tmp_path):
     assert killed.steps, "the steps finished before the kill are kept"
     assert survivor.status == "ok" and survivor.max_passing_concurrency == 5
     assert fake_vllm_processes(cfg) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_point_across_nodes_is_refused_by_a_local_sweep_without_a_launch(tmp_path):
+    cfg = write_config(tmp_path, kv_bytes=["4M"])
+    cfg.write_text(cfg.read_text().replace("[grid.extra]\n", "[grid.extra]\nnnodes = [2]\n").replace(
+        "max_model_len = [2048]", "max_model_len = [2048]\ntensor_parallel_size = [2]"))
+    out = tmp_path / "out"
+    code = main(["sweep", "--config", str(cfg), "--output", str(out)])
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "infeasible" and point.failure.kind == "not_enough_gpus"
+    assert point.failure.message == (
+        "the point spreads vLLM over 2 nodes (nnodes = 2) and a local sweep has one machine; run it on a Ray"
+        ' cluster ([executor] kind = "ray", or --executor ray)'
+    )
+    assert point.command == [] and not (out / "points").exists()
+    assert code == 0, "the sweep ran; its verdict is that no configuration passed"

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ import pytest
 from ray.cluster_utils import Cluster
 
 from planner.cli import main
+from planner.ports import free_port
 from planner.exporter import PlannerMetrics
 from planner.report import write_report
 from planner.sweep.config import load_settings
@@ -44,10 +46,10 @@ MEASURED = (
 
 
 def start_cluster() -> Cluster:
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "num_gpus": 0, "object_store_memory": 100 * 2**20, "include_dashboard": False},
-    )
+    with warnings.catch_warnings():
+        # Ray's start of the client server leaves its log files to the garbage collector.
+        warnings.simplefilter("ignore", ResourceWarning)
+        c = _start_head()
     try:
         for model in MODELS:
             c.add_node(**NODE, resources={f"accelerator_type:{model}": 1})
@@ -55,6 +57,21 @@ def start_cluster() -> Cluster:
     except BaseException:
         c.shutdown()
         raise
+    return c
+
+
+def _start_head() -> Cluster:
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1, "num_gpus": 0, "object_store_memory": 100 * 2**20, "include_dashboard": False,
+            # A Ray Client server (ray://) on the head, as `ray start --head` has on port 10001. It
+            # asks the head's runtime-env agent for each client's environment, at a port that must
+            # be known before the head starts.
+            "ray_client_server_port": (client_port := free_port()), "runtime_env_agent_port": free_port(),
+        },
+    )
+    c.client_address = f"ray://{c.address.rpartition(':')[0]}:{client_port}"
     return c
 
 
@@ -71,9 +88,10 @@ def cluster():
 
 
 def write_config(tmp_path: Path, *, tp: list[int], kv_bytes: list[str], executor: str = "ray", address: str = "auto",
-                 max_retries: int = 1) -> Path:
+                 max_retries: int = 1, nnodes: list[int] | None = None, env: dict[str, str] | None = None) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     corpus = write_corpus(tmp_path / "corpus.jsonl")
+    env = {"FAKE_VLLM_ITL_S": "0.015", "FAKE_VLLM_ITL_GROWTH": "1.0", "FAKE_VLLM_TTFT_S": "0.005", **(env or {})}
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(
         f"""
@@ -83,7 +101,7 @@ prompts = "{corpus}"
 command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
 model = "{tmp_path.name}-{uuid.uuid4().hex[:8]}"
 args = ["--enforce-eager"]
-env = {{ FAKE_VLLM_ITL_S = "0.015", FAKE_VLLM_ITL_GROWTH = "1.0", FAKE_VLLM_TTFT_S = "0.005" }}
+env = {{ {", ".join(f'{k} = "{v}"' for k, v in env.items())} }}
 startup_timeout_s = 30
 stop_grace_s = 5
 
@@ -92,6 +110,7 @@ max_model_len = [2048]
 tensor_parallel_size = {json.dumps(tp)}
 [grid.extra]
 kv_cache_memory_bytes = {json.dumps(kv_bytes)}
+{f"nnodes = {json.dumps(nnodes)}" if nnodes else ""}
 
 [replay]
 start_concurrency = 2
@@ -204,8 +223,7 @@ def test_points_run_on_both_nodes_on_disjoint_gpus_with_the_local_results(cluste
         assert value(metrics, "planner_safe_concurrency_per_gpu", point=p.id) == p.safe_concurrency_per_gpu
 
     # The same points one after another on this machine; the fake sees two GPUs as the nodes' do.
-    local_cfg = write_config(tmp_path / "local", tp=[1, 2], kv_bytes=["4M", "8M"], executor="local")
-    local_cfg.write_text(local_cfg.read_text().replace('FAKE_VLLM_TTFT_S = "0.005"', 'FAKE_VLLM_TTFT_S = "0.005", FAKE_VLLM_GPUS = "2"'))
+    local_cfg = write_config(tmp_path / "local", tp=[1, 2], kv_bytes=["4M", "8M"], executor="local", env={"FAKE_VLLM_GPUS": "2"})
     assert main(["sweep", "--config", str(local_cfg), "--output", str(tmp_path / "local-out")]) == 0
     local = SweepResults.model_validate_json((tmp_path / "local-out" / "sweep.json").read_text())
 
@@ -243,6 +261,78 @@ def test_points_run_on_both_nodes_on_disjoint_gpus_with_the_local_results(cluste
     for model in {p.gpu_model for p in on_ray.points}:
         assert f"### {model}" in report
     assert fake_servers(ray_cfg) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_ray_client_address_runs_the_sweep_from_outside_the_cluster(cluster, tmp_path, capfd):
+    cfg = write_config(tmp_path, tp=[1], kv_bytes=["4M"], address=cluster.client_address)
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "ok", point.failure
+    assert point.max_passing_concurrency == 2 and point.min_failing_concurrency == 3
+    assert point.node_id and point.gpu_model in MODELS
+    assert "Starting vLLM" in (out / point.log_path).read_text()
+    # The progress reached the driver through the client connection, and it closed cleanly.
+    printed = capfd.readouterr()
+    assert "concurrency 3" in printed.err  # the progress display's line
+    assert "Traceback" not in printed.err, printed.err[-2000:]
+    assert fake_servers(cfg) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_point_across_two_nodes_runs_a_vllm_rank_on_each(cluster, tmp_path):
+    cfg = write_config(tmp_path, tp=[2], kv_bytes=["4M"], nnodes=[2])
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "ok", point.failure
+    # The same known answer as on one node; per GPU, over both nodes' GPUs.
+    assert point.max_passing_concurrency == 2 and point.min_failing_concurrency == 3
+    assert point.gpus == 2 and point.safe_concurrency == 1 and point.safe_concurrency_per_gpu == 0.5
+    # One rank per GPU node, one GPU each (the fake starts only if it sees tensor x pipeline
+    # parallel / nnodes GPUs), rank 0 where the point's own node is.
+    assert [r.rank for r in point.ranks] == [0, 1]
+    assert len({r.node_id for r in point.ranks}) == 2 and point.ranks[0].node_id == point.node_id
+    assert all(len(r.gpu_ids) == 1 and r.gpu_model in MODELS for r in point.ranks)
+    assert point.gpu_model == ", ".join(sorted({r.gpu_model for r in point.ranks}))
+    command = " ".join(point.command)
+    assert "--nnodes 2 --node-rank 0 --master-addr " in command and "--headless" not in command
+    assert "All 2 nodes joined" in (out / point.log_path).read_text()
+    assert point.ranks[0].log_path == point.log_path
+    headless = (out / point.ranks[1].log_path).read_text()
+    assert "'headless': True" in headless and "'node_rank': 1" in headless
+    assert "The head node shut down" in headless and point.ranks[1].exit_code == 0
+    assert fake_servers(cfg) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_whose_vllm_dies_fails_the_point_with_that_ranks_log(cluster, tmp_path):
+    cfg = write_config(tmp_path, tp=[2], kv_bytes=["4M"], nnodes=[2], env={"FAKE_VLLM_RANK_DIE_AFTER_S": "8"})
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "failed" and point.failure.kind == "server_died", point.failure
+    host = point.ranks[1].node_hostname
+    assert point.failure.message.startswith(
+        f"vLLM's rank 1 of 2 (node {host}) exited with code 1 during the replay; then rank 0: the server exited with code 1"
+    ), point.failure.message
+    assert any("VllmWorker-1 died unexpectedly" in line for line in point.failure.log_tail)
+    assert "VllmWorker-1 died unexpectedly" in (out / point.ranks[1].log_path).read_text()
+    assert "the worker on node rank 1 died" in (out / point.log_path).read_text()
+    assert point.steps, "the steps measured before are kept"
+    assert fake_servers(cfg) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_point_across_more_nodes_than_have_the_gpus_is_not_enough_gpus(cluster, tmp_path):
+    cfg = write_config(tmp_path, tp=[3], kv_bytes=["4M"], nnodes=[3])
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "infeasible" and point.failure.kind == "not_enough_gpus"
+    assert "GPU 1, CPU 1 on each of 3 nodes (nnodes = 3" in point.failure.message
+    assert point.command == [] and not (out / "points").exists()
 
 
 def kill_a_running_node(cluster, cfg: Path, out: Path) -> tuple[dict, SweepResults]:
@@ -324,3 +414,31 @@ def test_stopping_the_driver_leaves_no_server_and_no_worker_on_any_node(cluster,
     assert statuses.count("failed") >= 2
     assert all(p.failure.kind == "interrupted" for p in interrupted.points if p.status == "failed")
     assert all(p.steps for p in interrupted.points if p.status == "failed"), "what was measured is kept"
+
+
+@pytest.mark.timeout(300)
+def test_a_point_across_nodes_whose_headless_ranks_node_dies_is_rerun(cluster, tmp_path):
+    cfg = write_config(tmp_path, tp=[2], kv_bytes=["4M"], nnodes=[2])
+    out = tmp_path / "out"
+    driver = start_driver(cfg, out, cluster.address)
+    try:
+        data = wait_for(out, lambda d: [p for p in running_with_steps(d) if len(p["ranks"]) == 2])
+        (victim,) = running_with_steps(data)
+        lost = victim["ranks"][1]["node_id"]
+        (node,) = [n for n in cluster.worker_nodes if n.node_id == lost]
+        cluster.remove_node(node, allow_graceful=False)
+        # A node for the rerun's second rank (Ray moves the placement group's bundle there).
+        cluster.add_node(**NODE, resources={f"accelerator_type:{MODELS[1]}": 1})
+        cluster.wait_for_nodes()
+        assert driver.wait(timeout=240) == 0, driver_log(cfg)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "ok", point.failure
+    assert lost not in {r.node_id for r in point.ranks} and len({r.node_id for r in point.ranks}) == 2
+    # The rerun starts over: none of the lost attempt's steps is kept.
+    assert not {s["started_at"] for s in victim["steps"]} & {s.started_at for s in point.steps}
+    assert int(point.steps[0].load.value) == 2
+    time.sleep(1)
+    assert fake_servers(cfg) == []

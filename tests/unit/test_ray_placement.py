@@ -43,3 +43,19 @@ def test_points_no_live_node_can_hold_are_refused_naming_every_node() -> None:
     assert cluster(node_selector={"resources": {"nvlink": 1}}).unplaceable(point(8)).message.endswith(
         "gpu-a100 (aaaaaaaa): 8 GPU A100, 32 CPU, nvlink 0; gpu-h100 (bbbbbbbb): 4 GPU H100, 16 CPU, nvlink 1"
     )
+
+
+def across(nodes: int, tp: int) -> Point:
+    return Point(index=1, id=f"01-tp{tp}-n{nodes}", config={"tensor_parallel_size": tp, "nnodes": nodes}, flags=[])
+
+
+def test_a_point_across_nodes_holds_its_share_of_gpus_on_each_of_that_many_nodes() -> None:
+    assert cluster().bundle(across(2, 8)) == {"GPU": 4.0, "CPU": 1.0}
+    assert cluster().unplaceable(across(2, 8)) is None, "4 GPUs on each of the two live nodes"
+    assert cluster().unplaceable(across(2, 16)).kind == "not_enough_gpus", "8 per node: only the A100 node has them"
+    failure = cluster().unplaceable(across(3, 6))
+    assert failure.message == (
+        "the point needs GPU 2, CPU 1 on each of 3 nodes (nnodes = 3; GPUs = tensor x pipeline parallel / nnodes);"
+        " the cluster's nodes have: gpu-a100 (aaaaaaaa): 8 GPU A100, 32 CPU; gpu-h100 (bbbbbbbb): 4 GPU H100, 16 CPU"
+    )
+    assert cluster(node_selector={"gpu_type": "H100"}).unplaceable(across(2, 2)).kind == "not_enough_gpus"

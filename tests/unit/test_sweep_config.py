@@ -261,3 +261,49 @@ def test_executor_from_the_file_the_environment_and_the_flag(tmp_path, monkeypat
     settings = load_settings(path, overrides_from_args(args))
     assert settings.executor.kind == "ray"
     assert settings.executor.address == "ray://head:10001", "the flag sets the kind and keeps the file's other keys"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ('["--nnodes", "2"]', r"--nnodes decides how many nodes a point spans; set it in \[grid.extra\] \(nnodes = \[N\]\)"),
+        ('["-n=2"]', r"--nnodes decides how many nodes"),
+        ('["--node-rank", "1"]', r"--node-rank is set by the planner on each node of a multi-node point"),
+        ('["--master-addr=10.0.0.1"]', r"--master-addr is set by the planner"),
+        ('["--headless"]', r"--headless is set by the planner"),
+    ],
+)
+def test_multi_node_flags_belong_to_the_grid_or_the_planner(tmp_path, args, says):
+    with pytest.raises(ConfigError, match=says):
+        load_settings(write(tmp_path, BASE.replace('args = ["--enforce-eager"]', f"args = {args}")))
+
+
+def test_a_point_across_nodes_splits_its_gpus_evenly(tmp_path):
+    grid = BASE.replace('enable_prefix_caching = [false]', "nnodes = [1, 2]").replace(
+        "gpu_memory_utilization = [0.9]", "gpu_memory_utilization = [0.9]\ntensor_parallel_size = [4]"
+    )
+    points = expand(load_settings(write(tmp_path, grid)))
+    assert {(p.nnodes, p.gpus, p.gpus_per_node) for p in points} == {(1, 4, 4), (2, 4, 2)}
+    assert ["--nnodes", "2"] == [f for p in points if p.nnodes == 2 for f in p.flags][-2:]
+
+    uneven = grid.replace("nnodes = [1, 2]", "nnodes = [3]")
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, uneven))
+    line = uneven.splitlines().index("[grid]") + 1
+    assert (
+        f"sweep.toml:{line}: grid: nnodes 3 does not divide the 4 GPUs of tensor_parallel_size 4 x pipeline_parallel_size 1"
+    ) in str(err.value)
+    for extra, says in (("nnodes = [0]", "nnodes: 0 is not a whole number >= 1"),
+                        ('master_port = [29500]', "the planner sets --master-port on each node")):
+        with pytest.raises(ConfigError, match=says):
+            load_settings(write(tmp_path, grid.replace("nnodes = [1, 2]", extra)))
+
+
+def test_vllms_ray_backend_is_refused_on_the_ray_executor(tmp_path):
+    text = BASE.replace('args = ["--enforce-eager"]', 'args = ["--distributed-executor-backend", "ray"]')
+    assert load_settings(write(tmp_path, text)).executor.kind == "local", "locally vLLM starts its own Ray"
+    with pytest.raises(ConfigError, match=r"vLLM's Ray backend places its workers with a placement group of its own"):
+        load_settings(write(tmp_path, text + '\n[executor]\nkind = "ray"\n'))
+    in_grid = BASE.replace("enable_prefix_caching = [false]", 'distributed-executor-backend = ["mp", "ray"]')
+    with pytest.raises(ConfigError, match=r"\[grid.extra\] nnodes = \[N\]"):
+        load_settings(write(tmp_path, in_grid + '\n[executor]\nkind = "ray"\n'))
