@@ -200,6 +200,27 @@ def _gpu_models_section(data: ReportData) -> list[str]:
     return out
 
 
+def _nodes_section(data: ReportData) -> list[str]:
+    """Where each rank of a point across nodes ran: a slow or failing node shows up here."""
+    across = [p for p in data.points if p.ranks]
+    if not across:
+        return []
+    rows = [
+        (
+            f"`{p.id}`",
+            str(r.rank) + (" (API)" if r.rank == 0 else ""),
+            r.node_hostname or DASH,
+            (r.node_id or "")[:8] or DASH,
+            ", ".join(r.gpu_ids) or DASH,
+            r.gpu_model or DASH,
+            f"`{r.log_path}`" if r.log_path else DASH,
+        )
+        for p in across
+        for r in p.ranks
+    ]
+    return ["## Points across nodes", ""] + table(["point", "rank", "node", "node id", "GPUs", "GPU model", "log"], rows)
+
+
 def _failures_section(data: ReportData) -> list[str]:
     failed = [p for p in data.points if p.status != "ok" or p.failure is not None]
     if not failed:
@@ -428,6 +449,7 @@ def render(data: ReportData, plan: FleetPlan | None, plot_names: Sequence[str]) 
     if data.kind == "sweep":
         lines += _points_section(data)
         lines += _gpu_models_section(data)
+        lines += _nodes_section(data)
     lines += _failures_section(data) if data.kind == "sweep" else []
     lines += _measured_vs_estimated(data)
     lines += _steps_section(data)

@@ -35,6 +35,17 @@ SUGGESTIONS: dict[str, str] = {
     ),
     "replay_error": "the replay could not use the server (see the message); fix that and rerun the point",
     "interrupted": "the sweep stopped during this point; rerun the sweep to measure it",
+    "no_capacity": "the server reported no KV-cache capacity; set [replay] max_concurrency to bound the search",
+    "planner_error": "an error in the planner itself (its traceback is in the log tail); rerun with --resume, and report it",
+    "node_lost": (
+        "a node the point ran on went away (Ray's error is in the message); rerun with --resume, or raise "
+        "[executor] max_retries"
+    ),
+    "not_enough_gpus": (
+        "no node (or, with nnodes, not that many nodes) has the GPUs and resources the point asks for: add "
+        "nodes, use fewer GPUs per node (raise nnodes), or loosen [executor.node_selector]; a local sweep "
+        'runs a point across nodes only on a Ray cluster ([executor] kind = "ray")'
+    ),
     "predicted_infeasible": (
         "skipped without launching: the estimate says the KV cache cannot hold one max-model-len "
         "request; the same remedies as kv_too_small apply"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
-from planner.sweep.results import PointResult, SweepResults
+from planner.sweep.results import NodeRank, PointResult, SweepResults
 from replay import slo as slo_mod
 from replay.errors import SloSpecError
 from replay.results import ReplayResults, StepResult
@@ -51,6 +51,8 @@ class PointView:
     gpu_model: str | None = None
     confirmed: bool | None = None
     knee_interval: tuple[int | None, int | None] | None = None
+    # A point vLLM spread over nodes: where each rank ran (rank 0 first); empty on one node.
+    ranks: tuple[NodeRank, ...] = ()
 
     @property
     def load_mode(self) -> str:
@@ -138,6 +140,7 @@ def _point(p: PointResult) -> PointView:
         gpu_model=p.gpu_model,
         confirmed=p.confirmed,
         knee_interval=tuple(p.knee_interval) if p.knee_interval else None,
+        ranks=tuple(p.ranks),
     )
 
 

@@ -40,3 +40,30 @@ def test_no_section_when_one_model_or_none_is_recorded() -> None:
     n = len(_sweep().points)
     assert "## By GPU model" not in _rendered(["H100"] * n)
     assert "## By GPU model" not in _rendered([None] * n)
+
+
+def test_a_point_across_nodes_lists_where_each_rank_ran() -> None:
+    from planner.sweep.results import NodeRank
+
+    sweep = _sweep()
+    assert "## Points across nodes" not in render(build(Path("sweep.json"), sweep), None, [])
+    point = sweep.points[0]
+    point.ranks = [
+        NodeRank(rank=0, node_id="a" * 56, node_hostname="gpu-a", gpu_ids=["0", "1"], gpu_model="H100",
+                 log_path=f"points/{point.id}/server.log"),
+        NodeRank(rank=1, node_id="b" * 56, node_hostname="gpu-b", gpu_ids=["2", "3"], gpu_model="H100",
+                 log_path=f"points/{point.id}/server-rank1.log", exit_code=0),
+    ]
+    text = render(build(Path("sweep.json"), sweep), None, [])
+    section = text[text.index("## Points across nodes"):]
+    assert f"| `{point.id}` | 0 (API) | gpu-a | aaaaaaaa | 0, 1 | H100 | `points/{point.id}/server.log` |" in section
+    assert f"| `{point.id}` | 1 | gpu-b | bbbbbbbb | 2, 3 | H100 | `points/{point.id}/server-rank1.log` |" in section
+
+
+def test_every_failure_kind_has_a_suggestion() -> None:
+    from typing import get_args
+
+    from planner.capacity import FailureKind
+    from planner.report.suggestions import SUGGESTIONS
+
+    assert set(get_args(FailureKind)) - set(SUGGESTIONS) == set()
