@@ -388,15 +388,20 @@ def test_without_retries_a_lost_node_fails_its_point_and_the_sweep_goes_on(clust
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
-def test_stopping_the_driver_leaves_no_server_and_no_worker_on_any_node(cluster, tmp_path, sig, status):
-    cfg = write_config(tmp_path, tp=[1, 2], kv_bytes=["4M", "8M"])
+@pytest.mark.parametrize(
+    ("sig", "status", "nnodes"),
+    [(signal.SIGINT, 130, 1), (signal.SIGTERM, 143, 1), (signal.SIGINT, 130, 2)],
+    ids=["ctrl-c", "sigterm", "ctrl-c-points-across-nodes"],
+)
+def test_stopping_the_driver_leaves_no_server_and_no_worker_on_any_node(cluster, tmp_path, sig, status, nnodes):
+    # Across nodes: two points of one GPU on each GPU node, both running, four vLLM ranks.
+    cfg = write_config(tmp_path, tp=[1, 2] if nnodes == 1 else [2], kv_bytes=["4M", "8M"], nnodes=[2] if nnodes == 2 else None)
     out = tmp_path / "out"
     workers_before = ray_workers()
     driver = start_driver(cfg, out, cluster.address)
     try:
         wait_for(out, lambda d: len(running_with_steps(d)) >= 2)
-        assert fake_servers(cfg), "no server ran"
+        assert len(fake_servers(cfg)) >= 2 * nnodes, "a rank of a running point is missing"
         driver.send_signal(sig)
         code = driver.wait(timeout=20)
         assert code == status, driver_log(cfg)
