@@ -49,9 +49,11 @@ FAKE_VLLM_IGNORE_SIGTERM=1 (both processes ignore SIGTERM, so only SIGKILL stops
 Across nodes (--nnodes N, vLLM's multiprocessing backend): tensor x pipeline parallel size must
 divide by N, and each node needs its share of the GPUs. Rank 0 listens on --master-addr:--master-port
 and waits (FAKE_VLLM_RENDEZVOUS_S, default 60) for ranks 1..N-1, which run with `--node-rank k
---headless` and connect to it, before it sizes its cache and serves; a rank that goes away then
-takes rank 0 down (exit 1), and rank 0 stopping (or dying) ends the others. FAKE_VLLM_RANK_DIE_AFTER_S:
-a headless rank dies (exit 1) this long after joining.
+--headless` and connect to it, before it sizes its cache and serves. As measured with vLLM 0.32's
+CPU build (two ranks, tp 2): a headless rank outlives rank 0 and stops only on a signal; a rank
+that goes away takes rank 0 down (real vLLM at its next request: "Connection closed by peer",
+then EngineDeadError; here at once, exit 1). FAKE_VLLM_RANK_DIE_AFTER_S: a headless rank dies
+(exit 1) this long after joining.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ class FakeVllmServer(FakeServer):
 
 
 def _headless(args: argparse.Namespace, log: Logger) -> int:
-    """Ranks 1..N-1: join rank 0's group, then live until rank 0 says goodbye or goes away."""
+    """Ranks 1..N-1: join rank 0's group, then run until a signal."""
     head = f"{args.master_addr}:{args.master_port}"
     log("INFO", "serve.py:214", f"Launching vLLM (v{FAKE_VERSION}) headless multiproc executor, with head node address {head} for torch.distributed process group.")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -242,23 +244,20 @@ def _headless(args: argparse.Namespace, log: Logger) -> int:
                 return 1
             time.sleep(0.2)
     conn.sendall(f"{args.node_rank}\n".encode())
-    conn.settimeout(None)
     engine = _start_engine_core(False)
     try:
         die_after = _env_float("FAKE_VLLM_RANK_DIE_AFTER_S", 0.0)
+        # Whatever rank 0 does, this rank runs on until a signal (or its own death).
+        time.sleep(die_after or ENGINE_MAX_LIFE_S)
         if die_after:
-            conn.settimeout(die_after)
-        try:
-            said = conn.recv(64)
-        except TimeoutError:
             log("ERROR", "multiproc_executor.py:540", f"Worker proc VllmWorker-{args.node_rank} died unexpectedly, shutting down executor.")
             os._exit(1)
-        if said.startswith(b"bye"):
-            log("INFO", "multiproc_executor.py:601", "The head node shut down; shutting down this node's workers.")
-            return 0
-        log("ERROR", "multiproc_executor.py:540", f"Lost the connection to the head node at {head}.")
-        return 1
+        return 0
+    except SystemExit:
+        log("INFO", "multiproc_executor.py:479", "[shutdown] Executor: waiting for worker exit count=1")
+        raise
     finally:
+        conn.close()
         engine.terminate()
 
 
@@ -280,7 +279,7 @@ def _rendezvous(args: argparse.Namespace, log: Logger) -> list[socket.socket] | 
     return peers
 
 
-# Set once rank 0 says goodbye: the other ranks closing their connections then is no failure.
+# Set once rank 0 is leaving: the other ranks' connections closing then is no failure.
 _LEAVING = threading.Event()
 
 
@@ -486,9 +485,6 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_serve(args, behavior, cache_info, log))
     finally:
         _LEAVING.set()
-        for conn in peers:
-            with contextlib.suppress(OSError):
-                conn.sendall(b"bye\n")
         with contextlib.suppress(ProcessLookupError):
             engine.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
