@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,22 @@ def test_image_versions_agree() -> None:
     assert image.startswith("vllm/vllm-openai:")
     assert f"${{VLLM_IMAGE:-{image}}}" in compose
     assert re.search(r'^ENTRYPOINT \["planner"\]$', dockerfile, re.M)
+
+
+def test_the_ray_node_image_installs_the_extra_the_project_declares() -> None:
+    import tomllib
+
+    extras = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert "--build-arg PLANNER_EXTRAS=ray" in dockerfile and "ray" in extras
+    assert '"/opt/planner-src${PLANNER_EXTRAS:+[$PLANNER_EXTRAS]}"' in dockerfile
+    # What the shell makes of the install argument, with and without the extra.
+    for value, wanted in (("", "/opt/planner-src"), ("ray", "/opt/planner-src[ray]")):
+        out = subprocess.run(
+            ["sh", "-c", 'echo "/opt/planner-src${PLANNER_EXTRAS:+[$PLANNER_EXTRAS]}"'],
+            env={"PLANNER_EXTRAS": value}, capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        assert out == wanted
 
 
 @pytest.mark.parametrize("path", ["prometheus.yml", "compose.yaml", "grafana/provisioning/dashboards/planner.yml"])
