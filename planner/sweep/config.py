@@ -130,13 +130,16 @@ class GridSection(_Strict):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise ValueError(f"[grid.extra] {key}: {v!r} is not a whole number >= 1")
         # vLLM splits a point's tensor x pipeline parallel ranks evenly over its nodes.
-        for tp in self.tensor_parallel_size or [1]:
+        for tp in self.tensor_parallel_size or extra.get("tensor_parallel_size") or [1]:
             for pp in extra.get("pipeline_parallel_size", [1]):
                 for nodes in extra.get("nnodes", [1]):
-                    if (tp * pp) % nodes:
+                    gpus = int(tp) * int(pp)
+                    if gpus % nodes:
+                        divisors = ", ".join(str(d) for d in range(1, gpus + 1) if gpus % d == 0)
                         raise ValueError(
-                            f"nnodes {nodes} does not divide the {tp * pp} GPUs of tensor_parallel_size {tp} x"
-                            f" pipeline_parallel_size {pp}: vLLM puts the same number of GPUs on each node"
+                            f"[grid.extra] nnodes {nodes} does not divide the {gpus} GPUs of tensor_parallel_size {tp}"
+                            f" x pipeline_parallel_size {pp}: vLLM puts the same number on each node; nnodes can be"
+                            f" {divisors}"
                         )
         return self
 
@@ -180,7 +183,8 @@ class NodeSelector(_Strict):
     # A GPU model a point must land on: Ray's accelerator type (H100, A100, L4, ...), which Ray
     # detects on every node with NVIDIA GPUs and exposes as the resource accelerator_type:<model>.
     gpu_type: str | None = None
-    # Ray custom resources (`ray start --resources '{"big-nvlink": 8}'`), asked for once per point.
+    # Ray custom resources (`ray start --resources '{"big-nvlink": 8}'`), asked for once per point on
+    # each node it holds (a point across nodes: on every one of them).
     resources: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("resources")
@@ -253,14 +257,14 @@ class SweepSettings(BaseSettings):
     def _no_ray_backend_on_ray(self) -> SweepSettings:
         if self.executor.kind != "ray":
             return self
-        backends = [fixed_flags(self.server.args).get("distributed_executor_backend")]
-        backends += [
-            v for k, values in self.grid.extra.items() if k.strip("-").replace("-", "_") == "distributed_executor_backend"
-            for v in values
+        where = ["[server] args"] if fixed_flags(self.server.args).get("distributed_executor_backend") == "ray" else []
+        where += [
+            f"[grid.extra] {k}" for k, values in self.grid.extra.items()
+            if k.strip("-").replace("-", "_") == "distributed_executor_backend" and "ray" in values
         ]
-        if "ray" in backends:
+        if where:
             raise ValueError(
-                "[executor] kind = \"ray\" and --distributed-executor-backend ray: vLLM's Ray backend places its"
+                f"[executor] kind = \"ray\" and --distributed-executor-backend ray ({', '.join(where)}): vLLM's Ray backend places its"
                 " workers with a placement group of its own, on GPUs this sweep's placement groups already hold, and"
                 " would wait for them; for a point across nodes use vLLM's multi-node mode ([grid.extra] nnodes = [N]),"
                 " and on one node leave the backend at its default"

@@ -11,8 +11,8 @@
     sweep.json, rewritten as results come   <------   result snapshots; returns result + server log
 
 Ray does the scheduling (placement groups wait for free GPUs), the retries (`max_retries` of a
-task whose node or worker died; `retry_exceptions=False`, so a point that failed on its own is
-never rerun) and the cancelling (`ray.cancel(force=True)` kills the task's worker; the
+task whose node or worker died; `retry_exceptions=[PeerLost]`, raised when another node of a
+point across nodes was lost, so a point that failed on its own is never rerun) and the cancelling (`ray.cancel(force=True)` kills the task's worker; the
 launcher's reaper on that node then stops the vLLM server).
 """
 
@@ -51,6 +51,7 @@ from planner.sweep.ray_ranks import (
 from planner.sweep.relay import RelayObserver, dispatch
 from planner.sweep.results import INFEASIBLE_KINDS, Failure, NodeRank, PointResult, SweepResults
 from planner.sweep.run import SweepContext, _now, _record_prediction_error, _run_point
+from planner.vllm_log import log_tail
 from replay.corpus import Corpus
 
 # Ray exposes a node's GPU model as the resource accelerator_type:<model> (value 1).
@@ -62,12 +63,8 @@ HEAD_RESOURCE = "node:__internal_head__"
 HEAD_AMOUNT = 0.001
 # How often a node sends its point's events to the driver.
 RELAY_EVERY_S = 0.25
-# How long rank 0 of a point across nodes may take to end after another rank's vLLM has.
-PEER_EXIT_GRACE_S = 5.0
-# How long Ray may take to report a node lost under a point's other rank (its health checks).
-NODE_LOSS_WAIT_S = 30.0
 # Rank 0's failures that say only that it stopped, not why (another rank may know).
-_WENT_DOWN_WITH_ANOTHER = frozenset({"interrupted", "server_died", "crashed", "timeout"})
+_WENT_DOWN_WITH_ANOTHER = frozenset({"interrupted", "server_died", "crashed", "timeout", "replay_error"})
 # Lines of a Ray error kept in a failure message (its tracebacks run long).
 _ERROR_LINES = 6
 
@@ -240,7 +237,8 @@ class RayCluster:
                 result.failure = Failure(
                     kind="node_lost",
                     message=f"a node of the point was lost {self.executor.max_retries + 1} time(s)"
-                    f" ([executor] max_retries = {self.executor.max_retries}): {exc.cause}",
+                    f" ([executor] max_retries = {self.executor.max_retries}): {exc.cause.message}",
+                    log_tail=exc.cause.log_tail,
                 )
             else:
                 # The point's own code lets nothing escape but a bug in the planner.
@@ -264,6 +262,12 @@ class RayCluster:
         finally:
             # The group holds its GPUs until removed: the next waiting point gets them now.
             _release(group)
+            # Only logs that came back are pointed at (not those of a lost or interrupted attempt).
+            if result.log_path and not (ctx.output_dir / result.log_path).is_file():
+                result.log_path = None
+            for r in result.ranks:
+                if r.log_path and not (ctx.output_dir / r.log_path).is_file():
+                    r.log_path = None
             finished.add(point.id)
             _record_prediction_error(result)
             ctx.save()
@@ -298,14 +302,17 @@ async def _drain(relay: Queue, on_events) -> None:
 async def _stop_draining(relay: Queue, draining: asyncio.Task) -> None:
     """End the drain with a last item rather than by cancelling it: a Ray Client connection
     (ray://) fails in its own thread when a pending get's future is cancelled under it."""
-    with contextlib.suppress(RayError):
-        await relay.put_async(None)
-    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-        await asyncio.wait_for(asyncio.shield(draining), 5.0)
-    if not draining.done():
-        draining.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await draining
+    try:
+        with contextlib.suppress(RayError):
+            await relay.put_async(None)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(draining), 5.0)
+    finally:
+        # Also when a second Ctrl-C cancels this wait: it then goes on up.
+        if not draining.done():
+            draining.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await draining
 
 
 # -- on the node ---------------------------------------------------------------------------------
@@ -370,14 +377,14 @@ async def _on_node(settings: SweepSettings, corpus: Corpus, point: Point, result
             await _run_point(ctx, point, result, gpu_ids)
         else:
             rank_logs = await _across_nodes(ctx, point, result, gpu_ids)
+        log = workdir / (result.log_path or "")
+        server_log = log.read_bytes() if result.log_path and log.is_file() else None
     finally:
         pumping.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pumping
         await _send(relay, point.id, observer)
-    log = workdir / (result.log_path or "")
-    server_log = log.read_bytes() if result.log_path and log.is_file() else None
-    shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
     return {"result": result.model_dump(mode="json"), "server_log": server_log, "rank_logs": rank_logs}
 
 
@@ -413,30 +420,31 @@ async def _across_nodes(ctx: _NodeContext, point: Point, result: PointResult, gp
         watching = asyncio.create_task(peers.first_exit())
         await asyncio.wait({measuring, watching}, return_when=asyncio.FIRST_COMPLETED)
         ready = result.capacity is not not_ready
-        another_first = not measuring.done()
-        if another_first:
-            if watching.result()[2] is None:
-                # Rank 0 stopping its server ends the other ranks too, and a rank that ends on its
-                # own takes rank 0 down with it: either way rank 0 ends soon after.
-                await asyncio.wait({measuring}, timeout=ctx.settings.server.stop_grace_s + PEER_EXIT_GRACE_S)
-            if not measuring.done():
-                measuring.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await measuring
-        elif _went_down(result):
-            # Rank 0 failed without saying why; a node lost under another rank shows only once
-            # Ray has noticed (its health checks).
-            await asyncio.wait({watching}, timeout=NODE_LOSS_WAIT_S)
-        if not watching.done():
+        ended = None
+        if not measuring.done():
+            # Another rank ended first (vLLM's ranks never end because rank 0 did): the engine is
+            # broken, so rank 0 stops measuring now rather than time requests against it.
+            ended = watching.result()
+            measuring.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await measuring
+        elif watching.done():
+            ended = watching.result()
+        else:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
-            measuring.result()
+            if _went_down(result):
+                # Rank 0 failed without saying why: whether another rank went first, ask them.
+                ended = await peers.check()
+        if not measuring.cancelled():
+            measuring.result()  # a bug of the planner's goes on up
+        if ended is None:
             return peers.logs
-        rank, exit_code, lost = watching.result()
+        rank, exit_code, lost = ended
         if lost is not None:
-            raise PeerLost(f"rank {rank.rank} on {rank.node_hostname}: {lost}")
-        if another_first and _went_down(result):
+            raise PeerLost(f"rank {rank.rank} on {rank.node_hostname}: {lost}", log_tail(_read(ctx, result.log_path)))
+        if _went_down(result):
             # The rank that ended first has the cause in its log; what rank 0 then did follows.
             own = result.failure
             await peers.stop()
@@ -453,6 +461,11 @@ async def _across_nodes(ctx: _NodeContext, point: Point, result: PointResult, gp
             # Every node's model (the point's run set rank 0's alone).
             result.gpu_model = _models(result.ranks)
         ctx.save()
+
+
+def _read(ctx: SweepContext, relative: str | None) -> str:
+    path = ctx.output_dir / (relative or "")
+    return path.read_text(errors="replace") if relative and path.is_file() else ""
 
 
 def _went_down(result: PointResult) -> bool:

@@ -35,13 +35,27 @@ from planner.vllm_log import classify_failure, log_tail
 
 # How often a headless rank whose actor died before it started is placed again.
 _RESPAWN_EVERY_S = 2.0
-# Beyond the server's own stop_grace_s: the time to reach an actor and have its log back.
-_STOP_SLACK_S = 10.0
+# How long the headless ranks may take to be placed and started.
+PLACEMENT_TIMEOUT_S = 120.0
+# How long a headless rank's actor may take to answer whether its vLLM still runs.
+PING_TIMEOUT_S = 10.0
+# Beyond the server's own stop_grace_s: VllmServer.stop's own waits (up to 15 s after SIGKILL and
+# for its reaper) and the round trip to the actor.
+_STOP_SLACK_S = 20.0
 
 
 class PeerLost(Exception):
     """A headless rank's node (or its actor) went away. The point's task raises it so that Ray
-    reruns the whole point ([executor] max_retries), as for rank 0's own node."""
+    reruns the whole point ([executor] max_retries), as for rank 0's own node. Its second argument
+    is the end of rank 0's log, for the node_lost failure once no rerun is left."""
+
+    def __init__(self, message: str, log_tail: list[str] | None = None) -> None:
+        super().__init__(message, log_tail or [])
+        self.message = message
+        self.log_tail = log_tail or []
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class PeerStartFailed(Exception):
@@ -112,6 +126,10 @@ class HeadlessRank:
     async def wait_exit(self) -> int:
         return await self.server.wait_exit()
 
+    def exit_code(self) -> int | None:
+        """None while its vLLM runs (and the actor answering at all says its node is up)."""
+        return self.server.exit_code
+
     async def stop(self) -> dict[str, Any]:
         await self.server.stop()
         log = self.server.log_path.read_bytes() if self.server.log_path.is_file() else b""
@@ -145,28 +163,38 @@ class HeadlessRanks:
 
     async def start(self) -> list[NodeRank]:
         """Every headless rank's process started (they then wait for rank 0 to join them)."""
-        timeout = self.settings.server.startup_timeout_s
+        # Placing an actor and starting a process take seconds; a bundle that finds no node in this
+        # time has none to go to (STRICT_SPREAD: a lost node needs a spare one), so the point is
+        # rerun (or recorded node_lost) instead of holding its other GPUs idle.
+        timeout = min(self.settings.server.startup_timeout_s, PLACEMENT_TIMEOUT_S)
         try:
-            self.ranks = await asyncio.wait_for(
-                asyncio.gather(*(self._start(rank) for rank in range(1, self.point.nnodes))), timeout
-            )
+            async with asyncio.timeout(timeout):
+                # A rank that cannot start stops the others' attempts too.
+                async with asyncio.TaskGroup() as group:
+                    starts = [group.create_task(self._start(rank)) for rank in range(1, self.point.nnodes)]
         except TimeoutError:
-            raise PeerLost(
-                f"the point's other nodes did not start within [server] startup_timeout_s = {timeout:g} s"
-            ) from None
-        except RayTaskError as exc:
-            raise PeerStartFailed(f"a headless rank did not start: {exc.cause}") from None
+            raise PeerLost(f"the point's other nodes did not start within {timeout:g} s (no live node for their bundles)") from None
+        except ExceptionGroup as errors:
+            failed = [e for e in errors.exceptions if isinstance(e, PeerStartFailed)]
+            if failed:
+                raise failed[0] from None
+            raise
+        self.ranks = [t.result() for t in starts]
         return self.ranks
 
     async def _start(self, rank: int) -> NodeRank:
         # Right after a node was lost, the placement group's bundle on it may not have moved to a
         # live node yet: an actor placed there dies at once. Place it again until it starts (or
-        # start() gives up at startup_timeout_s).
+        # start() gives up).
         while True:
             actor = self.actors[rank] = self._spawn(rank)
             try:
                 return NodeRank.model_validate(await actor.start.remote())
-            except RayActorError:
+            except RayTaskError as exc:
+                raise PeerStartFailed(f"rank {rank} did not start: {exc.cause}") from None
+            except RayActorError as exc:
+                if exc.actor_init_failed:
+                    raise PeerStartFailed(f"rank {rank}'s actor failed to start: {_one_line(exc)}") from None
                 await asyncio.sleep(_RESPAWN_EVERY_S)
 
     def _started(self) -> list[Any]:
@@ -182,13 +210,26 @@ class HeadlessRanks:
             for w in waits:
                 w.cancel()
         first = next(iter(done))
-        rank = waits[first]
-        try:
-            return rank, first.result(), None
-        except RayError as exc:
-            return rank, None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        return _outcome(waits[first], first)
 
-    def failure(self, rank: NodeRank, exit_code: int, *, ready: bool) -> Failure:
+    async def check(self) -> tuple[NodeRank, int | None, str | None] | None:
+        """Whether every headless rank still runs, asked of each actor directly: Ray's own health
+        checks take a minute to call a node dead. None when all do; else the first that does not,
+        as first_exit() reports it (an actor that does not answer in time counts as lost)."""
+        asks = {asyncio.ensure_future(_await(a.exit_code.remote())): rank for a, rank in zip(self._started(), self.ranks)}
+        if not asks:
+            return None
+        await asyncio.wait(asks, timeout=PING_TIMEOUT_S)
+        for ask, rank in asks.items():
+            if not ask.done():
+                ask.cancel()
+                return rank, None, f"its actor did not answer within {PING_TIMEOUT_S:g} s"
+            outcome = _outcome(rank, ask)
+            if outcome[1] is not None or outcome[2] is not None:
+                return outcome
+        return None
+
+    def failure(self, rank: NodeRank, exit_code: int | None, *, ready: bool) -> Failure:
         """Why the point failed when a headless rank's vLLM exited on its own, from that rank's log."""
         log = self.logs.get(rank.rank, b"").decode(errors="replace")
         where = f"rank {rank.rank} of {self.point.nnodes} (node {rank.node_hostname})"
@@ -225,6 +266,19 @@ class HeadlessRanks:
             # An actor that did not answer is killed; its reaper stops its server.
             with contextlib.suppress(RayError):
                 ray.kill(actor)
+
+
+def _outcome(rank: NodeRank, answer: asyncio.Future) -> tuple[NodeRank, int | None, str | None]:
+    try:
+        return rank, answer.result(), None
+    except RayTaskError:
+        raise  # a bug in the actor's own code: the point fails as a planner error, not rerun
+    except RayError as exc:
+        return rank, None, _one_line(exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
 async def _await(ref: ray.ObjectRef) -> Any:

@@ -52,8 +52,8 @@ and waits (FAKE_VLLM_RENDEZVOUS_S, default 60) for ranks 1..N-1, which run with 
 --headless` and connect to it, before it sizes its cache and serves. As measured with vLLM 0.32's
 CPU build (two ranks, tp 2): a headless rank outlives rank 0 and stops only on a signal; a rank
 that goes away takes rank 0 down (real vLLM at its next request: "Connection closed by peer",
-then EngineDeadError; here at once, exit 1). FAKE_VLLM_RANK_DIE_AFTER_S: a headless rank dies
-(exit 1) this long after joining.
+then EngineDeadError; here at once, exit 1). A headless rank dies (exit 1) once the file
+FAKE_VLLM_RANK_DIE_WHEN names exists (a test's trigger, independent of machine load).
 """
 
 from __future__ import annotations
@@ -246,12 +246,14 @@ def _headless(args: argparse.Namespace, log: Logger) -> int:
     conn.sendall(f"{args.node_rank}\n".encode())
     engine = _start_engine_core(False)
     try:
-        die_after = _env_float("FAKE_VLLM_RANK_DIE_AFTER_S", 0.0)
+        trigger = os.environ.get("FAKE_VLLM_RANK_DIE_WHEN")
         # Whatever rank 0 does, this rank runs on until a signal (or its own death).
-        time.sleep(die_after or ENGINE_MAX_LIFE_S)
-        if die_after:
-            log("ERROR", "multiproc_executor.py:540", f"Worker proc VllmWorker-{args.node_rank} died unexpectedly, shutting down executor.")
-            os._exit(1)
+        started = time.monotonic()
+        while time.monotonic() - started < ENGINE_MAX_LIFE_S:
+            if trigger and os.path.exists(trigger):
+                log("ERROR", "multiproc_executor.py:540", f"Worker proc VllmWorker-{args.node_rank} died unexpectedly, shutting down executor.")
+                os._exit(1)
+            time.sleep(0.1)
         return 0
     except SystemExit:
         log("INFO", "multiproc_executor.py:479", "[shutdown] Executor: waiting for worker exit count=1")

@@ -291,8 +291,13 @@ def test_a_point_across_nodes_splits_its_gpus_evenly(tmp_path):
         load_settings(write(tmp_path, uneven))
     line = uneven.splitlines().index("[grid]") + 1
     assert (
-        f"sweep.toml:{line}: grid: nnodes 3 does not divide the 4 GPUs of tensor_parallel_size 4 x pipeline_parallel_size 1"
+        f"sweep.toml:{line}: grid: [grid.extra] nnodes 3 does not divide the 4 GPUs of tensor_parallel_size 4 x"
+        " pipeline_parallel_size 1: vLLM puts the same number on each node; nnodes can be 1, 2, 4"
     ) in str(err.value)
+    # The tensor parallel size counts wherever the grid gives it.
+    in_extra = uneven.replace("tensor_parallel_size = [4]\n", "").replace("nnodes = [3]", "nnodes = [3]\ntensor_parallel_size = [4]")
+    with pytest.raises(ConfigError, match="nnodes 3 does not divide the 4 GPUs"):
+        load_settings(write(tmp_path, in_extra))
     for extra, says in (("nnodes = [0]", "nnodes: 0 is not a whole number >= 1"),
                         ('master_port = [29500]', "the planner sets --master-port on each node")):
         with pytest.raises(ConfigError, match=says):
@@ -302,8 +307,8 @@ def test_a_point_across_nodes_splits_its_gpus_evenly(tmp_path):
 def test_vllms_ray_backend_is_refused_on_the_ray_executor(tmp_path):
     text = BASE.replace('args = ["--enforce-eager"]', 'args = ["--distributed-executor-backend", "ray"]')
     assert load_settings(write(tmp_path, text)).executor.kind == "local", "locally vLLM starts its own Ray"
-    with pytest.raises(ConfigError, match=r"vLLM's Ray backend places its workers with a placement group of its own"):
+    with pytest.raises(ConfigError, match=r"ray \(\[server\] args\): vLLM's Ray backend places its workers with a placement group of its own"):
         load_settings(write(tmp_path, text + '\n[executor]\nkind = "ray"\n'))
     in_grid = BASE.replace("enable_prefix_caching = [false]", 'distributed-executor-backend = ["mp", "ray"]')
-    with pytest.raises(ConfigError, match=r"\[grid.extra\] nnodes = \[N\]"):
+    with pytest.raises(ConfigError, match=r"\(\[grid.extra\] distributed-executor-backend\).*\[grid.extra\] nnodes = \[N\]"):
         load_settings(write(tmp_path, in_grid + '\n[executor]\nkind = "ray"\n'))
