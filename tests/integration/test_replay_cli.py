@@ -101,7 +101,12 @@ def test_ctrl_c_or_sigterm_keeps_the_finished_steps(tmp_path, spawn_fake_server,
             pass
         time.sleep(0.1)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # it ignored the signal: reap it before failing
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == status
     # Progress lines go to stderr too; the stop itself is one line at the end, with no traceback.
     assert err.decode().splitlines()[-1] == message

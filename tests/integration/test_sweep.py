@@ -161,7 +161,12 @@ def interrupt_sweep_mid_point(tmp_path: Path, sig: signal.Signals) -> tuple[Path
             break
         time.sleep(0.2)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # it ignored the signal: reap it before failing
+            proc.kill()
+            proc.communicate()
     return cfg, out, proc.returncode, err
 
 

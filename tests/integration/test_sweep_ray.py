@@ -165,6 +165,14 @@ def start_driver(cfg: Path, out: Path, address: str) -> subprocess.Popen:
         )
 
 
+def end(driver: subprocess.Popen) -> None:
+    """Kill a driver a failed assertion left running, and reap it (no 'still running' warning in a
+    later test)."""
+    if driver.poll() is None:
+        driver.kill()
+    driver.wait(timeout=30)
+
+
 def driver_log(cfg: Path) -> str:
     return (cfg.parent / "driver.log").read_text(errors="replace")[-3000:]
 
@@ -320,8 +328,7 @@ def test_a_rank_whose_vllm_dies_fails_the_point_with_that_ranks_log(cluster, tmp
         trigger.touch()
         assert driver.wait(timeout=120) == 0, driver_log(cfg)
     finally:
-        if driver.poll() is None:
-            driver.kill()
+        end(driver)
     (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
     assert point.status == "failed" and point.failure.kind == "server_died", point.failure
     host = point.ranks[1].node_hostname
@@ -357,8 +364,7 @@ def kill_a_running_node(cluster, cfg: Path, out: Path) -> tuple[dict, SweepResul
         cluster.remove_node(node, allow_graceful=False)
         assert driver.wait(timeout=240) == 0, driver_log(cfg)
     finally:
-        if driver.poll() is None:
-            driver.kill()
+        end(driver)
         # The next test gets a cluster of two GPU nodes again.
         cluster.add_node(**NODE, resources={f"accelerator_type:{MODELS[0]}": 1})
         cluster.wait_for_nodes()
@@ -421,8 +427,7 @@ def test_stopping_the_driver_leaves_no_server_and_no_worker_on_any_node(cluster,
         while time.monotonic() < deadline and (fake_servers(cfg) or ray_workers() - workers_before):
             time.sleep(0.5)
     finally:
-        if driver.poll() is None:
-            driver.kill()
+        end(driver)
     assert fake_servers(cfg) == []
     assert ray_workers() - workers_before == set()
     interrupted = SweepResults.model_validate_json((out / "sweep.json").read_text())
@@ -449,8 +454,7 @@ def test_a_point_across_nodes_whose_headless_ranks_node_dies_is_rerun(cluster, t
         cluster.wait_for_nodes()
         assert driver.wait(timeout=240) == 0, driver_log(cfg)
     finally:
-        if driver.poll() is None:
-            driver.kill()
+        end(driver)
     (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
     assert point.status == "ok", point.failure
     assert lost not in {r.node_id for r in point.ranks} and len({r.node_id for r in point.ranks}) == 2
