@@ -47,7 +47,10 @@ class LoadTransport(httpx.AsyncBaseTransport):
         head += [b"%s: %s\r\n" % (k, v) for k, v in request.headers.raw]
         message = b"".join(head) + b"\r\n" + body
         read_timeout = timeouts.get("read")
-        for attempt in range(2):
+        # A server closes idle kept-alive connections together (uvicorn after 5 s), so the next one
+        # from the pool may be stale too: each is tried and dropped, down to a fresh connection at
+        # the latest, whose failure is the request's.
+        for _ in range(self._max_connections + 1):
             conn, reused = await self._acquire(key, timeouts)
             try:
                 conn.writer.write(message)
@@ -57,8 +60,8 @@ class LoadTransport(httpx.AsyncBaseTransport):
                 status, reason, headers, version = await conn.read_head(read_timeout)
             except _StaleConnection:
                 self._discard(conn)
-                # A kept-alive connection the server had closed: nothing was processed, try a fresh one.
-                if reused and attempt == 0:
+                # A kept-alive connection the server had closed: nothing was processed, try another.
+                if reused:
                     continue
                 raise httpx.RemoteProtocolError("server disconnected without sending a response", request=request)
             except TimeoutError:
@@ -66,13 +69,18 @@ class LoadTransport(httpx.AsyncBaseTransport):
                 raise httpx.WriteTimeout("timed out sending the request", request=request) from None
             except ConnectionError as exc:
                 self._discard(conn)
-                if reused and attempt == 0:
+                if reused:
                     continue
                 raise httpx.WriteError(f"connection lost sending the request: {exc}", request=request) from None
             except BaseException:
                 self._discard(conn)
                 raise
             break
+        else:
+            raise httpx.RemoteProtocolError(
+                f"server disconnected without sending a response on {self._max_connections + 1} kept-alive connections",
+                request=request,
+            )
         try:
             stream = _ResponseStream(self, conn, request.method, status, headers, version, read_timeout)
         except BaseException:
