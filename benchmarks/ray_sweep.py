@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import sys
 import tempfile
 import time
@@ -27,50 +26,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from planner.cli import main  # noqa: E402
 from planner.sweep.results import SweepResults  # noqa: E402
-
-FAKE_VLLM = ROOT / "tests" / "fakes" / "fake_vllm.py"
-
-
-def write_config(folder: Path, *, executor: str, address: str, tp: list[int], kv: list[str]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text(
-        "".join(json.dumps({"id": f"q{i}", "prompt": f"question {i}: " + "how many GPUs " * 6, "max_tokens": 6}) + "\n"
-                for i in range(60))
-    )
-    # Locally the fake sees no CUDA_VISIBLE_DEVICES, so it is told how many GPUs a TP point has.
-    gpus = ', FAKE_VLLM_GPUS = "8"' if executor == "local" else ""
-    cfg = folder / "sweep.toml"
-    cfg.write_text(f"""
-prompts = "{corpus}"
-[server]
-command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
-model = "bench-{executor}"
-env = {{ FAKE_VLLM_ITL_S = "0.015", FAKE_VLLM_ITL_GROWTH = "1.0", FAKE_VLLM_TTFT_S = "0.005"{gpus} }}
-startup_timeout_s = 60
-stop_grace_s = 5
-[grid]
-max_model_len = [2048]
-tensor_parallel_size = {json.dumps(tp)}
-[grid.extra]
-kv_cache_memory_bytes = {json.dumps(kv)}
-[replay]
-start_concurrency = 2
-min_requests = 20
-max_window_s = 60
-request_timeout_s = 30
-[slo]
-tpot_p50_ms = 52
-error_rate = 0
-headroom = 0.5
-[gpus]
-devices = "none"
-[executor]
-kind = "{executor}"
-address = "{address}"
-""")
-    return cfg
-
+from tests.fakes.sweep_files import write_ray_sweep_config  # noqa: E402
 
 def timed_sweep(cfg: Path, out: Path) -> tuple[float, SweepResults]:
     start = time.perf_counter()
@@ -92,12 +48,15 @@ def run(nodes: int, tp: list[int], kv: list[str]) -> None:
         cluster.wait_for_nodes()
         with tempfile.TemporaryDirectory(prefix="ray-sweep-bench-") as tmp:
             tmp_path = Path(tmp)
-            ray_wall, on_ray = timed_sweep(
-                write_config(tmp_path / "ray", executor="ray", address=cluster.address, tp=tp, kv=kv), tmp_path / "ray-out"
+            on_cluster = write_ray_sweep_config(
+                tmp_path / "ray", tp=tp, kv_bytes=kv, address=cluster.address, startup_timeout_s=60
             )
-            local_wall, local = timed_sweep(
-                write_config(tmp_path / "local", executor="local", address="auto", tp=tp, kv=kv), tmp_path / "local-out"
+            # Locally the fake sees no CUDA_VISIBLE_DEVICES, so it is told how many GPUs a TP point has.
+            one_by_one = write_ray_sweep_config(
+                tmp_path / "local", tp=tp, kv_bytes=kv, executor="local", env={"FAKE_VLLM_GPUS": "8"}, startup_timeout_s=60
             )
+            ray_wall, on_ray = timed_sweep(on_cluster, tmp_path / "ray-out")
+            local_wall, local = timed_sweep(one_by_one, tmp_path / "local-out")
     finally:
         cluster.shutdown()
     print(f"{len(on_ray.points)} points (tp {tp} x kv {kv}) on {nodes} Ray nodes of 2 GPUs vs one after another")

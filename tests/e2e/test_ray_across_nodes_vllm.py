@@ -17,7 +17,7 @@ import pytest
 from planner.cli import main
 from planner.sweep.results import SweepResults
 from tests.e2e.support import STARTUP_TIMEOUT_S, TinyModel
-from tests.integration.test_sweep import write_corpus
+from tests.fakes.sweep_files import write_corpus
 
 pytestmark = pytest.mark.e2e
 

@@ -14,6 +14,7 @@ import pytest
 
 from planner.cli import main
 from replay.results import ReplayResults
+from tests.integration.stopping import signal_and_wait
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,13 +101,7 @@ def test_ctrl_c_or_sigterm_keeps_the_finished_steps(tmp_path, spawn_fake_server,
         except (FileNotFoundError, json.JSONDecodeError):
             pass
         time.sleep(0.1)
-    proc.send_signal(sig)
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:  # it ignored the signal: reap it before failing
-            proc.kill()
-            proc.communicate()
+    err = signal_and_wait(proc, sig)
     assert proc.returncode == status
     # Progress lines go to stderr too; the stop itself is one line at the end, with no traceback.
     assert err.decode().splitlines()[-1] == message

@@ -17,16 +17,11 @@ import pytest
 
 from planner.cli import main
 from planner.sweep.results import SweepResults
+from tests.fakes.sweep_files import FAKE_VLLM, ROOT, write_corpus
+from tests.integration.stopping import signal_and_wait
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_VLLM = ROOT / "tests" / "fakes" / "fake_vllm.py"
 
 
-def write_corpus(path: Path, n: int = 60) -> Path:
-    # ~25 fake tokens of prompt + 6 of output: one 128-token block per request.
-    lines = [json.dumps({"id": f"q{i}", "prompt": f"question {i}: " + "how many GPUs " * 6, "max_tokens": 6}) for i in range(n)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def write_config(tmp_path: Path, *, kv_bytes: list[str], extra_env: dict | None = None, grid_env: str = "") -> Path:
@@ -160,13 +155,7 @@ def interrupt_sweep_mid_point(tmp_path: Path, sig: signal.Signals) -> tuple[Path
         if data and len(data["points"]) == 3 and data["points"][1]["steps"]:
             break
         time.sleep(0.2)
-    proc.send_signal(sig)
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:  # it ignored the signal: reap it before failing
-            proc.kill()
-            proc.communicate()
+    err = signal_and_wait(proc, sig)
     return cfg, out, proc.returncode, err
 
 

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 import warnings
 from pathlib import Path
 
@@ -34,7 +33,8 @@ from planner.sweep.run import run_sweep
 from replay.corpus import load_corpus
 from tests.unit.test_exporter import value
 from planner.sweep.results import SweepResults
-from tests.integration.test_sweep import FAKE_VLLM, ROOT, write_corpus
+from tests.fakes.sweep_files import ROOT, write_ray_sweep_config as write_config
+from tests.integration.stopping import reap
 
 NODE = {"num_cpus": 2, "num_gpus": 2, "object_store_memory": 100 * 2**20}
 # Two GPU models, so results and the report show which point ran on which.
@@ -87,54 +87,6 @@ def cluster():
     c.shutdown()
 
 
-def write_config(tmp_path: Path, *, tp: list[int], kv_bytes: list[str], executor: str = "ray", address: str = "auto",
-                 max_retries: int = 1, nnodes: list[int] | None = None, env: dict[str, str] | None = None) -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    corpus = write_corpus(tmp_path / "corpus.jsonl")
-    env = {"FAKE_VLLM_ITL_S": "0.015", "FAKE_VLLM_ITL_GROWTH": "1.0", "FAKE_VLLM_TTFT_S": "0.005", **(env or {})}
-    cfg = tmp_path / "sweep.toml"
-    cfg.write_text(
-        f"""
-prompts = "{corpus}"
-
-[server]
-command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
-model = "{tmp_path.name}-{uuid.uuid4().hex[:8]}"
-args = ["--enforce-eager"]
-env = {{ {", ".join(f'{k} = "{v}"' for k, v in env.items())} }}
-startup_timeout_s = 30
-stop_grace_s = 5
-
-[grid]
-max_model_len = [2048]
-tensor_parallel_size = {json.dumps(tp)}
-[grid.extra]
-kv_cache_memory_bytes = {json.dumps(kv_bytes)}
-{f"nnodes = {json.dumps(nnodes)}" if nnodes else ""}
-
-[replay]
-start_concurrency = 2
-min_requests = 20
-max_window_s = 60
-request_timeout_s = 30
-
-[slo]
-tpot_p50_ms = 52
-error_rate = 0
-headroom = 0.5
-
-[gpus]
-devices = "none"
-
-[executor]
-kind = "{executor}"
-address = "{address}"
-max_retries = {max_retries}
-"""
-    )
-    return cfg
-
-
 def model_of(cfg: Path) -> str:
     import tomllib
 
@@ -163,14 +115,6 @@ def start_driver(cfg: Path, out: Path, address: str) -> subprocess.Popen:
             [sys.executable, "-m", "planner", "sweep", "--config", str(cfg), "--output", str(out), "--executor", "ray"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
-
-
-def end(driver: subprocess.Popen) -> None:
-    """Kill a driver a failed assertion left running, and reap it (no 'still running' warning in a
-    later test)."""
-    if driver.poll() is None:
-        driver.kill()
-    driver.wait(timeout=30)
 
 
 def driver_log(cfg: Path) -> str:
@@ -328,7 +272,7 @@ def test_a_rank_whose_vllm_dies_fails_the_point_with_that_ranks_log(cluster, tmp
         trigger.touch()
         assert driver.wait(timeout=120) == 0, driver_log(cfg)
     finally:
-        end(driver)
+        reap(driver)
     (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
     assert point.status == "failed" and point.failure.kind == "server_died", point.failure
     host = point.ranks[1].node_hostname
@@ -364,7 +308,7 @@ def kill_a_running_node(cluster, cfg: Path, out: Path) -> tuple[dict, SweepResul
         cluster.remove_node(node, allow_graceful=False)
         assert driver.wait(timeout=240) == 0, driver_log(cfg)
     finally:
-        end(driver)
+        reap(driver)
         # The next test gets a cluster of two GPU nodes again.
         cluster.add_node(**NODE, resources={f"accelerator_type:{MODELS[0]}": 1})
         cluster.wait_for_nodes()
@@ -427,7 +371,7 @@ def test_stopping_the_driver_leaves_no_server_and_no_worker_on_any_node(cluster,
         while time.monotonic() < deadline and (fake_servers(cfg) or ray_workers() - workers_before):
             time.sleep(0.5)
     finally:
-        end(driver)
+        reap(driver)
     assert fake_servers(cfg) == []
     assert ray_workers() - workers_before == set()
     interrupted = SweepResults.model_validate_json((out / "sweep.json").read_text())
@@ -454,7 +398,7 @@ def test_a_point_across_nodes_whose_headless_ranks_node_dies_is_rerun(cluster, t
         cluster.wait_for_nodes()
         assert driver.wait(timeout=240) == 0, driver_log(cfg)
     finally:
-        end(driver)
+        reap(driver)
     (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
     assert point.status == "ok", point.failure
     assert lost not in {r.node_id for r in point.ranks} and len({r.node_id for r in point.ranks}) == 2
