@@ -40,11 +40,13 @@ from planner.sweep.config import ExecutorSection, SweepSettings
 from planner.sweep.grid import Point
 from planner.sweep.observer import SweepObservers
 from planner.sweep.ray_ranks import (
+    ACCELERATOR_PREFIX,
     HeadlessRanks,
     PeerLost,
     PeerStartFailed,
     accelerator_type,
     local_gpus,
+    node_models,
     rank_flags,
     rank_log_path,
 )
@@ -54,8 +56,6 @@ from planner.sweep.run import SweepContext, _now, _record_prediction_error, _run
 from planner.vllm_log import log_tail
 from replay.corpus import Corpus
 
-# Ray exposes a node's GPU model as the resource accelerator_type:<model> (value 1).
-ACCELERATOR_PREFIX = "accelerator_type:"
 # A point asks for a sliver of it, which is enough to be placed only where it exists.
 ACCELERATOR_AMOUNT = 0.001
 # Every Ray cluster's head node has this resource (value 1).
@@ -72,10 +72,6 @@ _ERROR_LINES = 6
 def _short(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: " + " ".join(lines[:_ERROR_LINES])
-
-
-def _node_models(resources: dict[str, float]) -> list[str]:
-    return sorted(k.removeprefix(ACCELERATOR_PREFIX) for k in resources if k.startswith(ACCELERATOR_PREFIX))
 
 
 class RayCluster:
@@ -134,7 +130,7 @@ class RayCluster:
             return None
         have = "; ".join(
             f"{n['NodeManagerHostname']} ({n['NodeID'][:8]}): {n['Resources'].get('GPU', 0):g} GPU"
-            + "".join(f" {m}" for m in _node_models(n["Resources"]))
+            + "".join(f" {m}" for m in node_models(n["Resources"]))
             + f", {n['Resources'].get('CPU', 0):g} CPU"
             + "".join(
                 f", {k} {n['Resources'].get(k, 0):g}" for k in self.executor.node_selector.resources

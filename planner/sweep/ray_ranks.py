@@ -33,6 +33,8 @@ from planner.sweep.grid import Point
 from planner.sweep.results import NodeRank
 from planner.vllm_log import classify_failure, log_tail
 
+# Ray exposes a node's GPU model as the resource accelerator_type:<model> (value 1).
+ACCELERATOR_PREFIX = "accelerator_type:"
 # How often a headless rank whose actor died before it started is placed again.
 _RESPAWN_EVERY_S = 2.0
 # How long the headless ranks may take to be placed and started.
@@ -78,12 +80,16 @@ def local_gpus(gpu_ids: tuple[str, ...]) -> list[gpu_mod.Gpu]:
         return []  # nvidia-smi fails here: the point still runs, unsampled
 
 
+def node_models(resources: dict[str, float]) -> list[str]:
+    """The GPU models among a node's Ray resources."""
+    return sorted(k.removeprefix(ACCELERATOR_PREFIX) for k in resources if k.startswith(ACCELERATOR_PREFIX))
+
+
 def accelerator_type(node_id: str) -> str | None:
-    """The node's GPU model as Ray knows it (its accelerator_type:<model> resources)."""
+    """The node's GPU model as Ray knows it."""
     for node in ray.nodes():
         if node["NodeID"] == node_id:
-            models = sorted(k.removeprefix("accelerator_type:") for k in node["Resources"] if k.startswith("accelerator_type:"))
-            return ", ".join(models) or None
+            return ", ".join(node_models(node["Resources"])) or None
     return None
 
 
