@@ -33,6 +33,11 @@ def flag_int(args: Sequence[str], flag: str) -> int | None:
     return None
 
 
+def config_key(flag: str) -> str:
+    """A flag in the underscore form the config and results use: `--max-num-seqs` -> max_num_seqs."""
+    return flag.strip("-").replace("-", "_")
+
+
 def fixed_flags(args: Sequence[str]) -> dict[str, Any]:
     """`[server] args` as underscore-form flags: `--max-num-seqs 8` -> {"max_num_seqs": "8"},
     a bare `--enforce-eager` -> {"enforce_eager": True}."""
@@ -42,7 +47,7 @@ def fixed_flags(args: Sequence[str]) -> dict[str, Any]:
         arg = args[i]
         if arg.startswith("--"):
             name, eq, value = arg[2:].partition("=")
-            key = name.strip("-").replace("-", "_")
+            key = config_key(name)
             if eq:
                 flags[key] = value
             elif i + 1 < len(args) and not args[i + 1].startswith("--"):

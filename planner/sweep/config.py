@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from planner.errors import ConfigError
 from planner.redaction import REDACTED, redact, redact_env
-from planner.vllm_args import fixed_flags, has_flag
+from planner.vllm_args import config_key, fixed_flags, has_flag
 from replay import slo as slo_mod
 from replay.errors import SloSpecError
 from replay.settings import ReplaySettings
@@ -121,10 +121,10 @@ class GridSection(_Strict):
         for name, values in {**self.extra, **self.env}.items():
             if not values:
                 raise ValueError(f"axis {name!r} has no values")
-        extra = {k.strip("-").replace("-", "_"): v for k, v in self.extra.items()}
+        extra = {config_key(k): v for k, v in self.extra.items()}
         for flag in MULTINODE_FLAGS:
-            if flag.startswith("--") and flag[2:].replace("-", "_") in extra:
-                raise ValueError(f"[grid.extra] {flag[2:].replace('-', '_')}: the planner sets {flag} on each node of a multi-node point")
+            if flag.startswith("--") and config_key(flag) in extra:
+                raise ValueError(f"[grid.extra] {config_key(flag)}: the planner sets {flag} on each node of a multi-node point")
         for key in ("nnodes", "pipeline_parallel_size"):
             for v in extra.get(key, []):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -260,7 +260,7 @@ class SweepSettings(BaseSettings):
         where = ["[server] args"] if fixed_flags(self.server.args).get("distributed_executor_backend") == "ray" else []
         where += [
             f"[grid.extra] {k}" for k, values in self.grid.extra.items()
-            if k.strip("-").replace("-", "_") == "distributed_executor_backend" and "ray" in values
+            if config_key(k) == "distributed_executor_backend" and "ray" in values
         ]
         if where:
             raise ValueError(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.sweep.config import SweepSettings
+from planner.vllm_args import config_key
 
 MAIN_AXES = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size")
 _SHORT = {"max_model_len": "mml", "gpu_memory_utilization": "gmu", "tensor_parallel_size": "tp"}
@@ -16,10 +17,6 @@ _SHORT = {"max_model_len": "mml", "gpu_memory_utilization": "gmu", "tensor_paral
 
 def flag_name(key: str) -> str:
     return "--" + key.strip("-").replace("_", "-")
-
-
-def config_key(key: str) -> str:
-    return key.strip("-").replace("-", "_")
 
 
 @dataclass(frozen=True)
