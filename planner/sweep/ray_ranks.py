@@ -27,10 +27,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from planner import gpus as gpu_mod
 from planner.capacity import Failure
 from planner.errors import ConfigError
-from planner.launcher import VllmServer
 from planner.sweep.config import SweepSettings
 from planner.sweep.grid import Point
 from planner.sweep.results import NodeRank
+from planner.sweep.run import point_server
 from planner.vllm_log import classify_failure, log_tail
 
 # Ray exposes a node's GPU model as the resource accelerator_type:<model> (value 1).
@@ -103,18 +103,12 @@ class HeadlessRank:
         self.node_id = runtime.get_node_id()
         self.rank = rank
         self.workdir = Path(tempfile.mkdtemp(prefix=f"planner-point-{point.id}-rank{rank}-"))
-        s = settings.server
-        self.server = VllmServer(
-            s.command,
-            model=s.model,
+        self.server = point_server(
+            settings,
+            point,
             log_path=self.workdir / "server.log",
-            host=s.host,
-            args=[*s.args, *point.flags, *rank_flags(rank, master_addr, master_port)],
-            env={**s.env, **point.env},
-            api_key=s.api_key.get_secret_value() if s.api_key else None,
-            startup_timeout_s=s.startup_timeout_s,
-            stop_grace_s=s.stop_grace_s,
-            cuda_visible_devices=gpu_mod.cuda_visible_devices(self.gpu_ids) if self.gpu_ids else None,
+            gpu_ids=self.gpu_ids,
+            extra_args=tuple(rank_flags(rank, master_addr, master_port)),
             headless=True,
         )
 

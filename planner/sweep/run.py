@@ -92,6 +92,40 @@ def _output_tokens(req, settings: SweepSettings, prompt_tokens: int, max_model_l
     return VLLM_DEFAULT_MAX_TOKENS
 
 
+def point_server(
+    settings: SweepSettings,
+    point: Point,
+    *,
+    log_path: Path,
+    gpu_ids: tuple[str, ...],
+    port: int | None = None,
+    cpus: cpus_mod.CpuSplit | None = None,
+    extra_args: tuple[str, ...] = (),
+    headless: bool = False,
+) -> VllmServer:
+    """The vLLM server of one point (or of one headless rank of it): [server]'s command, args and
+    env, then the point's flags and env axes."""
+    s = settings.server
+    env = {**s.env, **point.env}
+    if cpus is not None:
+        env.setdefault(cpus_mod.BIND_ENV, cpus.bind_env())
+    return VllmServer(
+        s.command,
+        model=s.model,
+        log_path=log_path,
+        host=s.host,
+        port=port,
+        args=[*s.args, *point.flags, *extra_args],
+        env=env,
+        api_key=s.api_key.get_secret_value() if s.api_key else None,
+        startup_timeout_s=s.startup_timeout_s,
+        stop_grace_s=s.stop_grace_s,
+        cuda_visible_devices=gpu_mod.cuda_visible_devices(gpu_ids) if gpu_ids else None,
+        cpus=cpus.server if cpus is not None else None,
+        headless=headless,
+    )
+
+
 class PointRunner:
     def __init__(self, ctx: SweepContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...]) -> None:
         self.ctx = ctx
@@ -104,24 +138,13 @@ class PointRunner:
         self.ctx.save()
 
     def _server(self) -> VllmServer:
-        s = self.ctx.settings.server
-        env = {**s.env, **self.point.env}
-        pinned = self.ctx.cpus
-        if pinned is not None:
-            env.setdefault(cpus_mod.BIND_ENV, pinned.bind_env())
-        return VllmServer(
-            s.command,
-            model=s.model,
+        return point_server(
+            self.ctx.settings,
+            self.point,
             log_path=self.ctx.output_dir / "points" / self.point.id / "server.log",
-            host=s.host,
-            port=s.port or None,
-            args=[*s.args, *self.point.flags],
-            env=env,
-            api_key=s.api_key.get_secret_value() if s.api_key else None,
-            startup_timeout_s=s.startup_timeout_s,
-            stop_grace_s=s.stop_grace_s,
-            cuda_visible_devices=gpu_mod.cuda_visible_devices(self.gpu_ids) if self.gpu_ids else None,
-            cpus=pinned.server if pinned is not None else None,
+            gpu_ids=self.gpu_ids,
+            port=self.ctx.settings.server.port or None,
+            cpus=self.ctx.cpus,
         )
 
     async def run(self) -> None:
