@@ -182,6 +182,16 @@ def tensor_bytes(t: Any) -> int:
     return local.numel() * local.element_size()
 
 
+def _storage_ptr(t: Any) -> int | None:
+    # FSDP's sharded parameters are DTensors whose Python storage cannot be read; their local
+    # shard's can, and a freed (resized to 0) storage has none at all.
+    local = t.to_local() if hasattr(t, "to_local") else t
+    try:
+        return local.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
+
+
 class SavedTensors:
     """Bytes saved for backward, each storage counted once, the parameters' storages left out."""
 
@@ -193,10 +203,10 @@ class SavedTensors:
     def pack(self, t: Any) -> Any:
         self.calls += 1
         # Read the parameters now, not before forward: FSDP registers unsharded ones during it.
-        params = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        params = {_storage_ptr(p) for p in self.model.parameters()}
         storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in params and storage.nbytes():
+        ptr = _storage_ptr(t)
+        if ptr is not None and ptr not in params and storage.nbytes():
             self.storages[ptr] = max(self.storages.get(ptr, 0), storage.nbytes())
         return t
 

@@ -106,7 +106,7 @@ def model_states(
 ) -> ModelStates:
     w_bytes = WEIGHT_BYTES[precision]
     s_bytes = STATE_BYTES[precision]
-    weights = master = grads = opt = 0
+    weights = master = grads = opt = steps = 0
     for p in params:
         n = p.per_rank(tp, num_kv_heads)
         weights += n * w_bytes
@@ -116,7 +116,11 @@ def model_states(
         if precision == "bf16-mixed":
             master += n * 4
         shape = p.shape if tp <= 1 else (n,) if len(p.shape) < 2 else (p.shape[0], math.ceil(n / p.shape[0]))
-        opt += optimizer_state_bytes(optimizer, shape, n, s_bytes)
+        state = optimizer_state_bytes(optimizer, shape, n, s_bytes)
+        # Every worker keeps each tensor's step counter whole, even when the state is sharded.
+        step = STEP_TENSOR_BYTES if optimizer != "sgd" else 0
+        opt += state - step
+        steps += step
     sharded = SHARDED[strategy]
 
     def per_gpu(name: str, value: int) -> int:
@@ -126,5 +130,5 @@ def model_states(
         weights_bytes=per_gpu("weights", weights),
         master_weights_bytes=per_gpu("master", master),
         gradients_bytes=per_gpu("gradients", grads),
-        optimizer_bytes=per_gpu("optimizer", opt),
+        optimizer_bytes=per_gpu("optimizer", opt) + steps,
     )
