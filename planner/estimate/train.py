@@ -234,15 +234,31 @@ def _params(settings: TrainSettings, arch: Architecture, shapes: list[tuple[str,
     )  # fmt: skip
 
 
+MAX_FSDP_GPUS = 1024
+
+
+def _fewest_fsdp_gpus(arch: Architecture, settings: TrainSettings, shapes, seq_len: int, total_gpu: int) -> int | None:
+    """The fewest data-parallel GPUs (a power of two up to MAX_FSDP_GPUS) on which FSDP fits."""
+    gpus = 2
+    while gpus <= MAX_FSDP_GPUS:
+        changed = settings.model_copy(update={"strategy": "fsdp", "data_parallel": gpus})
+        if _budget(arch, changed, _params(changed, arch, shapes), seq_len, total_gpu)[0].total_bytes <= total_gpu:
+            return gpus
+        gpus *= 2
+    return None
+
+
 def _suggestions(arch: Architecture, settings: TrainSettings, shapes, seq_len: int, total_gpu: int) -> list[Suggestion]:
     """Single changes to try, each with the per-GPU total it would give."""
     variants: list[tuple[str, dict]] = []
     if settings.checkpointing != "full":
         variants.append(("activation checkpointing on every layer (--checkpointing full)", {"checkpointing": "full"}))
-    n = settings.data_parallel
-    if "weights" not in SHARDED[settings.strategy]:
-        for gpus in sorted({max(2, n), 2 * max(2, n), 4 * max(2, n)}):
-            variants.append((f"FSDP over {gpus} GPUs (--strategy fsdp --gpus {gpus})", {"strategy": "fsdp", "data_parallel": gpus}))
+    for extra, label in (({}, ""), ({"checkpointing": "full"}, " with --checkpointing full")):
+        if extra and settings.checkpointing == "full":
+            continue
+        gpus = _fewest_fsdp_gpus(arch, settings.model_copy(update=extra), shapes, seq_len, total_gpu)
+        if gpus is not None and (gpus, settings.strategy) != (settings.data_parallel, "fsdp"):
+            variants.append((f"FSDP over {gpus} GPUs (--strategy fsdp --gpus {gpus}{label})", {"strategy": "fsdp", "data_parallel": gpus, **extra}))
     if settings.lora_rank is None:
         variants.append(
             (f"LoRA rank {SUGGESTED_LORA_RANK} on q_proj,v_proj (--lora-rank {SUGGESTED_LORA_RANK})", {"lora_rank": SUGGESTED_LORA_RANK, "freeze_layers": 0})
@@ -318,7 +334,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
             if largest_batch:
                 working.insert(0, f"micro-batch {largest_batch} (--micro-batch {largest_batch}, with --grad-accum to keep the batch)")
             message = f"does not fit: {_gib(budget.total_bytes - total_gpu)} missing; " + (
-                "each of these fits alone: " + "; ".join(working) if working else "no single change fits: combine them (see suggestions)"
+                "these fit: " + "; ".join(working) if working else "no single change fits: combine them (see suggestions)"
             )
         verdict = TrainVerdict(
             status="fits" if fits else "does_not_fit",
