@@ -21,11 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import EstimateError
 from planner.estimate.architecture import Architecture, load_architecture
-from planner.estimate.gpu_catalog import lookup
+from planner.estimate.plan import gpu_total
 from planner.estimate.train_activations import Activations, Checkpointing, saved_activations
 from planner.estimate.train_params import Param, inventory, trainable_set
 from planner.estimate.train_states import SHARDED, WEIGHT_BYTES, ModelStates, Optimizer, Precision, Strategy, model_states
-from planner.estimate.units import GIB
+from planner.estimate.units import GIB, format_bytes
 
 DEFAULT_SEQ_LEN = 2048
 # peft's default LoRA targets for Llama-family models (q_proj and v_proj).
@@ -273,19 +273,6 @@ def _suggestions(arch: Architecture, settings: TrainSettings, shapes, seq_len: i
     return out
 
 
-def _gpu_total(settings: TrainSettings) -> tuple[int | None, str | None]:
-    if settings.gpu_memory_bytes is not None:
-        return settings.gpu_memory_bytes, settings.gpu
-    if settings.gpu is not None:
-        gpu = lookup(settings.gpu)
-        return gpu.total_bytes, gpu.name
-    return None, None
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:,.2f} GiB"
-
-
 def train_estimate(settings: TrainSettings) -> TrainEstimate:
     arch = load_architecture(settings.model)
     _check_shape(arch)
@@ -297,7 +284,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
         raise EstimateError(f"--seq-len {seq_len} is longer than the model's max_position_embeddings {arch.max_position_embeddings}")
     shapes, source = inventory(settings.model, arch)
     params = _params(settings, arch, shapes)
-    total_gpu, gpu_name = _gpu_total(settings)
+    total_gpu, gpu_name = gpu_total(settings.gpu_memory_bytes, settings.gpu)
     budget, acts = _budget(arch, settings, params, seq_len, total_gpu)
 
     estimates = [
@@ -328,12 +315,12 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
         fits = budget.total_bytes <= total_gpu
         suggestions = [] if fits else _suggestions(arch, settings, shapes, seq_len, total_gpu)
         if fits:
-            message = f"fits, {_gib(total_gpu - budget.total_bytes)} to spare; largest micro-batch at seq-len {seq_len:,}: {largest_batch:,}"
+            message = f"fits, {format_bytes(total_gpu - budget.total_bytes)} to spare; largest micro-batch at seq-len {seq_len:,}: {largest_batch:,}"
         else:
             working = [s.change for s in suggestions if s.fits]
             if largest_batch:
                 working.insert(0, f"micro-batch {largest_batch} (--micro-batch {largest_batch}, with --grad-accum to keep the batch)")
-            message = f"does not fit: {_gib(budget.total_bytes - total_gpu)} missing; " + (
+            message = f"does not fit: {format_bytes(budget.total_bytes - total_gpu)} missing; " + (
                 "these fit: " + "; ".join(working) if working else "no single change fits: combine them (see suggestions)"
             )
         verdict = TrainVerdict(
