@@ -20,7 +20,7 @@ output and a per-head log-sum-exp, never the seq x seq scores):
     LoRA             each adapter's A output (e T r) for B, and A's input (shared with the base)
     model            token ids (8 T) for the embedding's gradient, the final norm, the LM head's
                      input, and the loss: Hugging Face upcasts the logits, so log_softmax keeps
-                     4 T V, plus the shifted labels (8 T)
+                     4 T V, plus the shifted labels (8 T; 8 (T + 1) for one sequence)
 
 Activation checkpointing (Chen et al. 2016) keeps only a checkpointed layer's input (e T h) and
 recomputes the rest in backward: `full` checkpoints every layer, `selective` every
@@ -202,5 +202,8 @@ def saved_activations(
     if lm_head_trains:
         model += s.dtype_bytes * s.tokens * s.hidden
     if grad or lm_head_trains:
-        model += 4 * s.tokens * s.split(s.vocab) + 8 * s.tokens + 4
+        # Hugging Face pads the labels by one and shifts them; with one sequence the shifted
+        # slice is already contiguous and keeps the padded storage (T + 1 ids).
+        labels = 8 * (s.tokens + 1 if s.tokens == s.seq_len else s.tokens)
+        model += 4 * s.tokens * s.split(s.vocab) + labels + 4
     return Activations(layers_bytes=layers, model_bytes=model, checkpointed_layers=kept, largest_layer_bytes=largest)
