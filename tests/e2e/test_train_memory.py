@@ -9,6 +9,7 @@ estimate must be within 5% on each model state and 15% on the saved activations.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,8 +60,6 @@ CASES: list[tuple[str, str, dict[str, Any], int]] = [
 
 
 def vllm_python() -> str:
-    import os
-
     python = Path(os.environ.get("PLANNER_VLLM_VENV") or REPO / ".venv-vllm") / "bin" / "python"
     if not python.exists():
         pytest.fail(f"no {python}: run `make vllm` or set PLANNER_VLLM_VENV", pytrace=False)
