@@ -4,7 +4,8 @@
     gradients                train_states
     optimizer state          train_states: AdamW, SGD with momentum, Adafactor, 8-bit AdamW
     saved activations        train_activations: one micro-batch, checkpointing, LoRA, TP
-    temporary buffers        see `temporary_bytes` below (a labelled estimate, not checked on CPU)
+    temporary buffers        see `temporaries` below (a labelled estimate, not checked on CPU): the
+                             larger of the backward pass's and the optimizer step's
     framework reserve        CUDA context, NCCL buffers when there is more than one GPU, reserve
 
 Gradients and saved activations are counted together: with gradient accumulation the gradients
@@ -15,6 +16,7 @@ little lower. Gradient accumulation changes the time per optimizer step, not the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -86,7 +88,11 @@ class TrainBudget(_Section):
     optimizer_bytes: int
     model_states_bytes: int
     activations_bytes: int
+    # The larger of the two phases' extra: backward's temporaries, or the step's less the
+    # activations it no longer holds (see `temporaries`).
     temporary_bytes: int
+    backward_temporary_bytes: int
+    step_temporary_bytes: int
     framework_bytes: int
     total_bytes: int
     gpu_bytes: int | None
@@ -148,38 +154,56 @@ def _check_shape(arch: Architecture) -> None:
         raise EstimateError(f"{arch.source}: a training estimate needs vocab_size and intermediate_size")
 
 
-def temporary_bytes(
-    arch: Architecture, settings: TrainSettings, states: ModelStates, acts: Activations, seq_len: int, params: list[Param]
-) -> int:
-    """Buffers that live for part of the step, on top of what is held throughout (an estimate):
+@dataclass(frozen=True)
+class Temporaries:
+    """Buffers that live for part of the step, on top of what is held throughout (an estimate)."""
+
+    # Forward and backward, while the saved activations are alive.
+    backward_bytes: int
+    # The optimizer step, after backward has freed the saved activations.
+    step_bytes: int
+
+    def peak_extra(self, activations_bytes: int) -> int:
+        """What the larger of the two phases adds on top of the model states and the activations."""
+        return max(self.backward_bytes, self.step_bytes - activations_bytes, 0)
+
+
+def temporaries(arch: Architecture, settings: TrainSettings, states: ModelStates, acts: Activations, seq_len: int, params: list[Param]) -> Temporaries:
+    """Forward and backward:
 
     - the logits: the LM head's output (e T V) stays referenced by the model's output, and the
       loss backward holds the fp32 gradient of the log-probabilities and of the logits (2 x 4 T V)
     - backward works through one layer at a time: its activation gradients, about one layer's
       saved bytes, and with checkpointing that layer recomputed as well
     - DDP's gradient buckets, a second copy of the gradients unless gradient_as_bucket_view
-      (torch.nn.parallel.DistributedDataParallel's documentation)
+      (torch.nn.parallel.DistributedDataParallel's documentation); they live through the step too
     - ZeRO-3/FSDP gathers one layer's full weights for compute and prefetches the next (2 layers)
+
+    The optimizer step:
+
     - bf16-mixed casts the gradients to fp32 for the master step (4 bytes per trainable element
       of the worker's shard)
+    - AdamW's multi-tensor (foreach) step, PyTorch's default on CUDA, computes sqrt(exp_avg_sq)
+      for the whole parameter group at once: one more copy of the second moment
     """
     tp = settings.tensor_parallel_size
     e = WEIGHT_BYTES[settings.precision]
     tokens = settings.micro_batch * seq_len
     vocab = math.ceil(int(arch.vocab_size or 0) / tp)
-    total = tokens * vocab * (e + 8)
+    backward = tokens * vocab * (e + 8)
     layer = acts.largest_layer_bytes
-    total += 2 * layer if acts.checkpointed_layers else layer
-    if settings.strategy == "ddp" and settings.data_parallel > 1:
-        total += states.gradients_bytes
+    backward += 2 * layer if acts.checkpointed_layers else layer
+    buckets = states.gradients_bytes if settings.strategy == "ddp" and settings.data_parallel > 1 else 0
+    backward += buckets
     if "weights" in SHARDED[settings.strategy] and settings.data_parallel > 1:
         per_layer = max(
             (sum(p.per_rank(tp, arch.num_kv_heads) for p in params if p.layer == i) for i in range(arch.num_layers)), default=0
         )
-        total += 2 * per_layer * e
-    if settings.precision == "bf16-mixed":
-        total += states.master_weights_bytes
-    return total
+        backward += 2 * per_layer * e
+    step = buckets + (states.master_weights_bytes if settings.precision == "bf16-mixed" else 0)
+    if settings.optimizer == "adamw":
+        step += states.optimizer_bytes // 2
+    return Temporaries(backward_bytes=backward, step_bytes=step)
 
 
 def _budget(arch: Architecture, settings: TrainSettings, params: list[Param], seq_len: int, total_gpu: int | None) -> tuple[TrainBudget, Activations]:
@@ -192,7 +216,8 @@ def _budget(arch: Architecture, settings: TrainSettings, params: list[Param], se
         arch, params, micro_batch=settings.micro_batch, seq_len=seq_len, dtype_bytes=WEIGHT_BYTES[settings.precision],
         checkpointing=settings.checkpointing, checkpoint_every=settings.checkpoint_every, tp=tp,
     )  # fmt: skip
-    temps = temporary_bytes(arch, settings, states, acts, seq_len, params)
+    temp = temporaries(arch, settings, states, acts, seq_len, params)
+    temps = temp.peak_extra(acts.total_bytes)
     r = settings.reserve
     many = settings.data_parallel * tp > 1
     framework = math.ceil((r.cuda_context_gib + (r.nccl_gib if many else 0.0) + r.reserve_gib) * GIB)
@@ -205,6 +230,8 @@ def _budget(arch: Architecture, settings: TrainSettings, params: list[Param], se
         model_states_bytes=states.total_bytes,
         activations_bytes=acts.total_bytes,
         temporary_bytes=temps,
+        backward_temporary_bytes=temp.backward_bytes,
+        step_temporary_bytes=temp.step_bytes,
         framework_bytes=framework,
         total_bytes=total,
         gpu_bytes=total_gpu,
@@ -288,7 +315,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
     budget, acts = _budget(arch, settings, params, seq_len, total_gpu)
 
     estimates = [
-        "temporary buffers (logits and their gradients, one layer's backward, communication buffers) are an estimate; "
+        "temporary buffers (logits and their gradients, one layer's backward, communication buffers, the optimizer step's) are an estimate; "
         "the model states and saved activations were checked against PyTorch on CPU (README)",
     ]
     if source == "config":

@@ -175,3 +175,15 @@ def test_measured_record_says_what_needs_a_gpu():
     gpu = render_measured(_record({"cuda_max_allocated_bytes": 2 << 30, "cuda_max_reserved_bytes": 5 << 29, "cuda_device": "H200"}))
     assert gpu[3] == "  estimate total per GPU          3.00 GiB"
     assert gpu[4].endswith("2.00 GiB  on H200") and gpu[5].endswith("2.50 GiB")
+
+
+def test_the_peak_is_the_larger_phase():
+    model = str(CONFIGS / "llama-3-8b.json")
+    b = train_estimate(TrainSettings(model=model, seq_len=4096)).per_gpu
+    # AdamW's step: the fp32 gradients of the master step and one more copy of exp_avg_sq
+    assert b.step_temporary_bytes == b.master_weights_bytes + b.optimizer_bytes // 2
+    assert b.temporary_bytes == max(b.backward_temporary_bytes, b.step_temporary_bytes - b.activations_bytes)
+    assert b.total_bytes == b.model_states_bytes + b.activations_bytes + b.temporary_bytes + b.framework_bytes
+    # With SGD in pure bf16 the step adds nothing; backward is the peak.
+    sgd = train_estimate(TrainSettings(model=model, seq_len=4096, optimizer="sgd", precision="bf16")).per_gpu
+    assert sgd.step_temporary_bytes == 0 and sgd.temporary_bytes == sgd.backward_temporary_bytes
