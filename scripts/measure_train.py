@@ -23,7 +23,8 @@ runs one forward and backward on a random batch and one optimizer step, and reco
     process_max_rss_bytes   the process's peak resident memory (a CPU figure)
 
 Cases with "strategy": "fsdp" run on "workers" processes (gloo on CPU, NCCL on CUDA) with
-PyTorch's fully_shard on every decoder layer and the root; rank 0's shard is reported.
+PyTorch's fully_shard on every decoder layer and the root; rank 0's shard is reported. The FSDP
+cases of one world size share one set of worker processes (starting them is the slow part).
 
 The mixed policy is bf16 weights and gradients with an fp32 master copy the optimizer updates
 (the layout of DeepSpeed's and Megatron's bf16 optimizers): after backward each gradient is cast
@@ -301,49 +302,70 @@ def pick_device(wanted: str) -> Any:
     return torch.device(wanted)
 
 
-def _fsdp_worker(rank: int, world: int, case: dict[str, Any], init_file: str, out_dir: str) -> None:
+def _fsdp_worker(rank: int, world: int, cases: list[dict[str, Any]], init_file: str, out_dir: str) -> None:
+    """One rank: every FSDP case of this world size in turn, in one process group."""
     import torch
     import torch.distributed as dist
 
-    device = pick_device(case["device"])
+    device = pick_device(cases[0]["device"])
     if device.type == "cuda":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    results = []
     try:
-        result = {"rank": rank, "world_size": world, "backend": backend, **one_step(case, device, rank, world)}
-    except Exception as exc:  # reported to the parent, which fails the case with it
-        result = {"rank": rank, "error": f"{type(exc).__name__}: {exc}"}
+        for case in cases:
+            try:
+                results.append({"rank": rank, "world_size": world, "backend": backend, **one_step(case, device, rank, world)})
+            except Exception as exc:  # reported to the parent, which fails the case with it
+                results.append({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
     finally:
         dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
 
 
-def run_fsdp(case: dict[str, Any]) -> dict[str, Any]:
+def run_fsdp(cases: list[dict[str, Any]], world: int) -> list[dict[str, Any] | CaseError]:
+    """FSDP cases of one world size, in one set of worker processes: rank 0's figures, or the error."""
     import torch.multiprocessing as mp
 
-    world = case["workers"]
     if world < 2:
-        raise CaseError(f"{case['name']}: strategy fsdp needs workers >= 2, got {world}")
+        return [CaseError(f"{c['name']}: strategy fsdp needs workers >= 2, got {world}") for c in cases]
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
-        mp.spawn(_fsdp_worker, args=(world, case, init_file, tmp), nprocs=world, join=True)
-        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
-    errors = [r["error"] for r in ranks if "error" in r]
-    if errors:
-        raise CaseError(f"{case['name']}: FSDP worker failed: {errors[0]}")
-    first = ranks[0]
-    first["ranks"] = [{k: r[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes")} for r in ranks]
-    return first
+        mp.spawn(_fsdp_worker, args=(world, cases, init_file, tmp), nprocs=world, join=True)
+        per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+    out: list[dict[str, Any] | CaseError] = []
+    for i, case in enumerate(cases):
+        ranks = [results[i] for results in per_rank]
+        errors = [r["error"] for r in ranks if "error" in r]
+        if errors:
+            out.append(CaseError(f"{case['name']}: FSDP worker failed: {errors[0]}"))
+            continue
+        first = ranks[0]
+        first["ranks"] = [{k: r[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes")} for r in ranks]
+        out.append(first)
+    return out
 
 
-def run_case(case: dict[str, Any]) -> dict[str, Any]:
-    if case["strategy"] == "fsdp":
-        return run_fsdp(case)
-    if case["strategy"] != "single":
-        raise CaseError(f"{case['name']}: strategy {case['strategy']!r} is measured as one replica: use single (DDP) or fsdp")
-    return one_step(case, pick_device(case["device"]))
+def run_all(cases: list[dict[str, Any]]) -> list[dict[str, Any] | CaseError]:
+    """Every case's figures (or its error), in order: single ones here, FSDP ones grouped by world size."""
+    outcomes: dict[int, dict[str, Any] | CaseError] = {}
+    fsdp: dict[int, list[int]] = {}
+    for i, case in enumerate(cases):
+        if case["strategy"] == "fsdp":
+            fsdp.setdefault(case["workers"], []).append(i)
+        elif case["strategy"] != "single":
+            outcomes[i] = CaseError(f"{case['name']}: strategy {case['strategy']!r}: measure single (one DDP replica) or fsdp")
+        else:
+            try:
+                outcomes[i] = one_step(case, pick_device(case["device"]))
+            except CaseError as exc:
+                outcomes[i] = exc
+    for world, indices in fsdp.items():
+        for i, outcome in zip(indices, run_fsdp([cases[i] for i in indices], world), strict=True):
+            outcomes[i] = outcome
+    return [outcomes[i] for i in range(len(cases))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,11 +385,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     results = []
-    for case in cases:
-        try:
-            results.append({"name": case["name"], "case": case, "measured": run_case(case), "error": None})
-        except CaseError as exc:
-            results.append({"name": case["name"], "case": case, "measured": None, "error": str(exc)})
+    for case, outcome in zip(cases, run_all(cases), strict=True):
+        failed = isinstance(outcome, CaseError)
+        results.append({"name": case["name"], "case": case, "measured": None if failed else outcome, "error": str(outcome) if failed else None})
     out = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
