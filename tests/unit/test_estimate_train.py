@@ -187,3 +187,17 @@ def test_the_peak_is_the_larger_phase():
     # With SGD in pure bf16 the step adds nothing; backward is the peak.
     sgd = train_estimate(TrainSettings(model=model, seq_len=4096, optimizer="sgd", precision="bf16")).per_gpu
     assert sgd.step_temporary_bytes == 0 and sgd.temporary_bytes == sgd.backward_temporary_bytes
+
+
+def test_tensor_parallel_splits_matrices_and_keeps_norms(tiny):
+    one = train_estimate(TrainSettings(model=tiny, seq_len=64, precision="fp32")).per_gpu
+    two = train_estimate(TrainSettings(model=tiny, seq_len=64, precision="fp32", tensor_parallel_size=2)).per_gpu
+    norms = 5 * 128  # two per layer and the final one, replicated on both ranks
+    # k and v have one KV head, fewer than the ranks: each rank keeps it whole (as vLLM does)
+    kv = 2 * 2 * 32 * 128
+    assert two.weights_bytes == 4 * ((PARAMS - norms - kv) // 2 + norms + kv)
+    with pytest.raises(EstimateError, match="--freeze-layers 3 is more than the model's 2 layers"):
+        train_estimate(TrainSettings(model=tiny, freeze_layers=3))
+    with pytest.raises(EstimateError, match="--seq-len 8192 is longer than the model's max_position_embeddings 4096"):
+        train_estimate(TrainSettings(model=tiny, seq_len=8192))
+    assert one.weights_bytes == 4 * PARAMS
