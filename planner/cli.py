@@ -17,7 +17,7 @@ from planner.errors import PlannerError
 from planner.interrupt import EXIT_STATUS as SIGTERM_EXIT_STATUS, Terminated
 from replay.errors import ReplayError
 
-COMMANDS: tuple[str, ...] = ("replay", "report", "sweep", "prompts", "estimate")  # each command module adds its name here when it lands
+COMMANDS: tuple[str, ...] = ("replay", "report", "sweep", "prompts", "estimate", "measure_train")  # each command module adds its name here when it lands
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""`planner estimate`: what fits on a GPU, before any server is launched."""
+"""`planner estimate`: what fits on a GPU, before any server is launched (`--train`: estimate_train.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 
 from planner.cliargs import comma_list, env_default
+from planner.commands import estimate_train
 from planner.estimate.architecture import CACHE_DTYPE_HELP
 from planner.estimate.demand import corpus_request_tokens
 from planner.estimate.gpu_catalog import CATALOG
 from planner.estimate.memory import WorkingMemoryModel
 from planner.estimate.fit import Verdict
 from planner.estimate.plan import DEFAULT_GPU_MEMORY_UTILIZATION, Estimate, EstimateSettings, estimate
-from planner.estimate.units import GIB, VALID_HELP
+from planner.estimate.units import GIB, VALID_HELP, format_bytes
 from planner.validation import build
 
 
@@ -54,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--cuda-context-gib", type=float, default=defaults.cuda_context_gib, help="CUDA context per GPU (default %(default)s)")
     model.add_argument("--nccl-gib", type=float, default=defaults.nccl_gib, help="NCCL buffers per GPU at TP > 1 (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the full prediction as JSON")
+    p.add_argument("--train", action="store_true", help="budget a fine-tuning step instead of serving (training flags below)")
+    estimate_train.add_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -87,6 +90,8 @@ def settings_for(args: argparse.Namespace, tp: int) -> EstimateSettings:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.train:
+        return estimate_train.run(args)
     results = []
     for tp in args.tensor_parallel_size:
         settings = settings_for(args, tp)
@@ -105,13 +110,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gib(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:,.2f} {unit}"
-    return f"{n:,} B"
+_gib = format_bytes
 
 
 def render(r: Estimate) -> list[str]:

@@ -194,12 +194,13 @@ def _weights(settings: EstimateSettings, arch: Architecture) -> Weights:
     return config_weights(estimate_parameters(arch), per_param, tp)
 
 
-def _total_bytes(settings: EstimateSettings) -> tuple[int | None, str | None]:
-    if settings.gpu_memory_bytes is not None:
-        return settings.gpu_memory_bytes, settings.gpu
-    if settings.gpu is not None:
-        gpu = lookup(settings.gpu)
-        return gpu.total_bytes, gpu.name
+def gpu_total(gpu_memory_bytes: int | None, gpu: str | None) -> tuple[int | None, str | None]:
+    """(the GPU's memory in bytes, its catalogue name): an explicit size wins over --gpu's figure."""
+    if gpu_memory_bytes is not None:
+        return gpu_memory_bytes, gpu
+    if gpu is not None:
+        found = lookup(gpu)
+        return found.total_bytes, found.name
     return None, None
 
 
@@ -241,7 +242,7 @@ def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = N
     if max_len is None:
         raise EstimateError(f"{arch.source}: no max_position_embeddings; give --max-model-len")
     block_size = settings.block_size or DEFAULT_BLOCK_SIZE[device]
-    total_bytes, gpu_name = _total_bytes(settings)
+    total_bytes, gpu_name = gpu_total(settings.gpu_memory_bytes, settings.gpu)
     if device == "gpu" and total_bytes is None and settings.kv_cache_memory_bytes is None:
         raise ConfigError("a GPU estimate needs the GPU's memory: give --gpu NAME or --gpu-memory-gib N (or --kv-cache-memory-bytes)")
     default_tokens, default_seqs = default_batch(device, total_bytes, gpu_name, tp)

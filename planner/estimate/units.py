@@ -48,3 +48,13 @@ def parse_vllm_int(value: int | str, *, what: str) -> int:
 
 def gib(n_bytes: int | float) -> float:
     return n_bytes / GIB
+
+
+def format_bytes(n: int | None) -> str:
+    """A byte count for people: GiB, MiB, KiB or bytes, two decimals; "-" for None."""
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,} B"
