@@ -37,6 +37,7 @@ main { max-width: 1500px; margin: 0 auto; padding: 20px 28px 48px; }
 h1 { font-size: 26px; margin: 0 0 4px; }
 h2 { font-size: 20px; margin: 32px 0 10px; padding-bottom: 4px; border-bottom: 2px solid var(--line); }
 h3 { font-size: 16px; margin: 20px 0 8px; }
+h3 code { font-size: 15px; }
 p, li { max-width: 100ch; }
 .source { color: var(--muted); margin: 0 0 12px; }
 code { font: 13px/1.3 ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; background: var(--band);
@@ -59,9 +60,11 @@ tbody tr:nth-child(even) td { background: #fafbfc; }
 td.verdict-pass { color: var(--pass); font-weight: 600; }
 td.verdict-fail { color: var(--fail); font-weight: 600; }
 td.verdict-other { color: var(--other); font-weight: 600; }
+td code { white-space: nowrap; overflow-wrap: normal; }
+/* A plot sits beside its table when both fit across the window, below it when they do not. */
 .with-plots { display: flex; flex-wrap: wrap; gap: 12px 24px; align-items: flex-start; }
-.with-plots > .tables { flex: 1 1 640px; min-width: 0; }
-figure { margin: 0; flex: 0 1 620px; }
+.with-plots > .tables { flex: 0 1 auto; max-width: 100%; min-width: 0; }
+figure { margin: 0; flex: 1 1 440px; max-width: 640px; }
 figure img { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; }
 figcaption { font-size: 12px; color: var(--muted); }
 @media print {
@@ -186,7 +189,9 @@ def _section_plots(data: ReportData) -> dict[tuple[str, str | None], list[str]]:
         ("steps", None): ["throughput.png", "kv-cache.png"],
     }
     for p in data.points:
-        placed.setdefault(("steps", p.id if per_point else None), []).append(point_plot_name(data, p, "latency"))
+        # A point's latency plot first: it shows where the SLOs broke.
+        steps = placed.setdefault(("steps", p.id if per_point else None), [])
+        steps.insert(0, point_plot_name(data, p, "latency"))
         placed.setdefault(("server", p.id if per_point else None), []).append(point_plot_name(data, p, "time-split"))
     return placed
 
