@@ -49,6 +49,10 @@ nav a { color: var(--accent); text-decoration: none; margin-right: 14px; white-s
 .recommendation.none { border-color: var(--fail); background: #fdf3f2; }
 .recommendation h2 { border: none; margin-top: 12px; }
 .recommendation li { margin: 3px 0; }
+.recommendation .with-plots { flex-wrap: nowrap; }
+.recommendation .with-plots > .tables { flex: 1 1 auto; }
+.recommendation figure { flex: 0 0 460px; margin-bottom: 8px; }
+@media (max-width: 1100px) { .recommendation .with-plots { flex-wrap: wrap; } }
 .interrupted { border-left: 4px solid var(--fail); padding: 4px 12px; background: #fdf3f2; }
 .scroll { overflow-x: auto; margin: 4px 0 12px; border: 1px solid var(--line); border-radius: 4px;
           width: fit-content; max-width: 100%; }
@@ -184,7 +188,8 @@ def _section_plots(data: ReportData) -> dict[tuple[str, str | None], list[str]]:
     """Which plot goes beside which table: (section key, point id or None for the whole section)."""
     per_point = data.kind == "sweep"
     placed: dict[tuple[str, str | None], list[str]] = {
-        ("points", None): ["safe-concurrency-heatmap.png"],
+        # The heatmap marks the recommended point among all the others: the answer's picture.
+        ("recommendation", None): ["safe-concurrency-heatmap.png"],
         ("measured_vs_estimated", None): ["kv-tokens.png"],
         ("steps", None): ["throughput.png", "kv-cache.png"],
     }

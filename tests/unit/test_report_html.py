@@ -77,8 +77,9 @@ def test_each_points_latency_plot_sits_with_its_own_steps_table() -> None:
         nxt = group.find("<h3>", 1)
         group = group[: nxt if nxt != -1 else len(group)]
         assert f"<figcaption>latency-{p.id}.png</figcaption>" in group, p.id
-    points = page[page.index('<section id="points"'):]
-    assert points.index("safe-concurrency-heatmap.png") < points.index("</section>")
+    # The heatmap, which marks the recommended point, sits beside the recommendation.
+    first = page[page.index('<section id="recommendation"'):]
+    assert first.index("safe-concurrency-heatmap.png") < first.index("</section>")
     # Every plot once, none left over for a catch-all section.
     assert all(page.count(f"<figcaption>{n}</figcaption>") == 1 for n in names)
     assert 'id="plots"' not in page
