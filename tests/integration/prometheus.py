@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.integration.stopping import terminate_and_wait
+
 READY_TIMEOUT_S = 30.0
 QUERY_TIMEOUT_S = 20.0
 
@@ -55,12 +57,7 @@ def running_prometheus(config_text: str, workdir: Path) -> Iterator[str]:
             time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate_and_wait(proc)
 
 
 def query(url: str, promql: str) -> list[dict]:

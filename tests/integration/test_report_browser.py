@@ -27,12 +27,12 @@ import pytest
 import websocket
 
 from planner.report import html as report_html
-from planner.report import markdown
-from planner.report import write_report
+from planner.report import markdown, write_report
 from planner.report.fleet import plan_fleet
 from planner.report.load import load_results
 from planner.report.markdown import num
 from planner.report.view import build
+from tests.integration.stopping import terminate_and_wait
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "results"
@@ -132,12 +132,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
             time.sleep(0.1)
         yield Browser(int(active.read_text().splitlines()[0]))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate_and_wait(proc)
 
 
 def _screenshot(tab: Tab, path: Path, *, full_page: bool) -> Path:
