@@ -213,7 +213,7 @@ def _with_plots(parts: Sequence[str], names: Sequence[str], pngs: Mapping[str, b
     return '<div class="with-plots"><div class="tables">' + "".join(parts) + "</div>" + "".join(figures) + "</div>"
 
 
-def _section_html(key: str, lines: Sequence[str], placed, pngs: Mapping[str, bytes], used: set[str]) -> str:
+def _section_html(key: str, lines: Sequence[str], placed, pngs: Mapping[str, bytes], used: set[str], css: str) -> str:
     parsed = blocks(lines)
     heading = parsed[0][1] if parsed and parsed[0][0] == "h2" else ""
     body = parsed[1:] if heading else parsed
@@ -224,9 +224,8 @@ def _section_html(key: str, lines: Sequence[str], placed, pngs: Mapping[str, byt
             groups.append((_point_of(block), [block]))
         else:
             groups[-1][1].append(block)
-    inner = [_with_plots(parts, placed.get((key, point), []), pngs, used) for point, parts in groups]
-    css = "recommendation" + ("" if key != "recommendation" or "<strong>No configuration" not in "".join(inner) else " none")
-    return f'<section id="{key}"' + (f' class="{css}"' if key == "recommendation" else "") + f">{heading}{''.join(inner)}</section>"
+    inner = "".join(_with_plots(parts, placed.get((key, point), []), pngs, used) for point, parts in groups)
+    return f'<section id="{key}"' + (f' class="{css}"' if css else "") + f">{heading}{inner}</section>"
 
 
 def render(data: ReportData, plan: FleetPlan | None, pngs: Mapping[str, bytes]) -> str:
@@ -240,7 +239,8 @@ def render(data: ReportData, plan: FleetPlan | None, pngs: Mapping[str, bytes]) 
     parts = markdown.sections(data, plan)
     placed = _section_plots(data)
     used: set[str] = set()
-    body = [_section_html(key, lines, placed, pngs, used) for key, lines in parts]
+    boxed = "recommendation" if data.best is not None else "recommendation none"
+    body = [_section_html(key, lines, placed, pngs, used, boxed if key == "recommendation" else "") for key, lines in parts]
     rest = [n for n in pngs if n not in used]
     if rest:
         body.append('<section id="plots"><h2>Plots</h2><div class="with-plots">'

@@ -88,3 +88,11 @@ def test_each_points_latency_plot_sits_with_its_own_steps_table() -> None:
 def test_a_plot_no_section_claims_still_appears() -> None:
     page = html.render(_data("replay"), None, _fake_pngs(["new-kind-of-plot.png"]))
     assert '<section id="plots">' in page and "new-kind-of-plot.png" in page
+
+
+def test_no_recommendation_is_boxed_as_such() -> None:
+    data = _data("replay")
+    assert '<section id="recommendation" class="recommendation">' in html.render(data, None, {})
+    page = html.render(ReportData(**{**data.__dict__, "best_id": None}), None, {})
+    assert '<section id="recommendation" class="recommendation none">' in page
+    assert "No configuration met the SLOs" in page
