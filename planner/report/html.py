@@ -40,7 +40,7 @@ h3 { font-size: 16px; margin: 20px 0 8px; }
 h3 code { font-size: 15px; }
 p, li { max-width: 100ch; }
 .source { color: var(--muted); margin: 0 0 12px; }
-code { font: 13px/1.3 ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; background: var(--band);
+code { font: 0.87em/1.3 ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; background: var(--band);
        padding: 1px 4px; border-radius: 3px; overflow-wrap: anywhere; }
 nav { font-size: 14px; color: var(--muted); margin: 8px 0 4px; }
 nav a { color: var(--accent); text-decoration: none; margin-right: 14px; white-space: nowrap; }
@@ -78,6 +78,8 @@ figcaption { font-size: 12px; color: var(--muted); }
   .scroll { overflow: visible; border: none; }
   table { font-size: 9px; width: 100%; }
   td { max-width: none; }
+  th, td { padding: 2px 4px; }
+  td code { white-space: normal; overflow-wrap: anywhere; }
   th { position: static; }
   h2, h3 { break-after: avoid; }
   figure, tr, .recommendation { break-inside: avoid; }

@@ -37,6 +37,7 @@ from tests.integration.stopping import terminate_and_wait
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "results"
 WINDOW = (1440, 900)
+A4_WIDTH_PX = 794
 START_TIMEOUT_S = 30.0
 LOAD_TIMEOUT_S = 20.0
 
@@ -201,6 +202,10 @@ def test_report_html_loads_clean_and_shows_the_recommendation(browser: Browser, 
         assert first.stat().st_size > 10_000 and full.stat().st_size > first.stat().st_size
         pdf = base64.b64decode(tab.call("Page.printToPDF", printBackground=True)["data"])
         assert pdf.startswith(b"%PDF")
+        # Printed, the page fits an A4 sheet's width (794 CSS px): wide tables shrink, none is cut off.
+        tab.call("Emulation.setEmulatedMedia", media="print")
+        tab.call("Emulation.setDeviceMetricsOverride", width=A4_WIDTH_PX, height=1123, deviceScaleFactor=1, mobile=False)
+        assert ev("document.documentElement.scrollWidth") <= A4_WIDTH_PX
     finally:
         tab.close()
 
