@@ -16,7 +16,6 @@ import base64
 import html
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from planner.report import markdown
 from planner.report.fleet import FleetPlan
@@ -186,10 +185,14 @@ def _figure(name: str, png: bytes) -> str:
     return f'<figure><img src="data:image/png;base64,{data}" alt="{alt}"><figcaption>{html.escape(name)}</figcaption></figure>'
 
 
-def _section_plots(data: ReportData) -> dict[tuple[str, str | None], list[str]]:
-    """Which plot goes beside which table: (section key, point id or None for the whole section)."""
+# (section key, point id or None for the whole section) -> the plots shown there, in order.
+Placement = dict[tuple[str, str | None], list[str]]
+
+
+def _section_plots(data: ReportData) -> Placement:
+    """Which plot goes beside which table."""
     per_point = data.kind == "sweep"
-    placed: dict[tuple[str, str | None], list[str]] = {
+    placed: Placement = {
         # The heatmap marks the recommended point among all the others: the answer's picture.
         ("recommendation", None): ["safe-concurrency-heatmap.png"],
         ("measured_vs_estimated", None): ["kv-tokens.png"],
@@ -215,7 +218,9 @@ def _with_plots(parts: Sequence[str], names: Sequence[str], pngs: Mapping[str, b
     return '<div class="with-plots"><div class="tables">' + "".join(parts) + "</div>" + "".join(figures) + "</div>"
 
 
-def _section_html(key: str, lines: Sequence[str], placed, pngs: Mapping[str, bytes], used: set[str], css: str) -> str:
+def _section_html(
+    key: str, lines: Sequence[str], placed: Placement, pngs: Mapping[str, bytes], used: set[str], css: str
+) -> str:
     parsed = blocks(lines)
     heading = parsed[0][1] if parsed and parsed[0][0] == "h2" else ""
     body = parsed[1:] if heading else parsed
