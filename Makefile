@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   installs everything, builds the tiny model, runs the CPU demo sweep against real vLLM
-#   make test   installs everything (Prometheus too) and runs the whole test suite (unit, integration, e2e)
+#   make test   installs everything (Prometheus and Chromium too) and runs the whole test suite (unit, integration, e2e)
 PYTHON ?= python3
 VENV := .venv
 VLLM_VENV := .venv-vllm
@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 DEMO_OUT ?= results/cpu-demo
 PYTEST_ARGS ?=
 
-.PHONY: install vllm model prometheus demo test unit integration e2e bench clean
+.PHONY: install vllm model prometheus chromium demo test unit integration e2e bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ model: vllm
 prometheus:
 	bash scripts/setup-prometheus.sh
 
+# A headless Chromium opens report.html in the tests (console errors, requests, screenshots).
+chromium:
+	bash scripts/setup-chromium.sh
+
 # The demo's server command is vLLM's module form (`python -m vllm...`), so the vLLM environment's
 # python goes first on PATH; the planner itself runs from its own environment.
 demo: install model
@@ -42,13 +46,13 @@ define run_pytest
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 endef
 
-test: prometheus install model
+test: prometheus chromium install model
 	$(call run_pytest,tests)
 
 unit: install
 	$(call run_pytest,tests/unit)
 
-integration: prometheus install
+integration: prometheus chromium install
 	$(call run_pytest,tests/integration)
 
 e2e: install model

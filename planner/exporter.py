@@ -192,8 +192,9 @@ class PlannerMetrics:
                 bursts += 1
             else:
                 itl.observe(later - earlier)
-        if bursts:
-            self.itl_burst_gaps.labels(point=point).inc(bursts)
+        # Counted even when zero, so the series exists from the first measured request: the
+        # dashboard's bursts panel then shows 0 rather than "No data" on a server that has none.
+        self.itl_burst_gaps.labels(point=point).inc(bursts)
         tokens = record.completion_tokens if record.completion_tokens is not None else len(times)
         if record.first_token_s is not None and tokens > 1:
             self.tpot.labels(point=point).observe((record.end_s - record.first_token_s) / (tokens - 1))

@@ -11,6 +11,7 @@ from planner.cliargs import comma_list, env_default
 from planner import interrupt
 from planner.progress import StepProgress
 from planner.report import write_report
+from planner.report.html import HTML_FILE
 from planner.tables import stdout_console, replay_summary, steps_table
 from planner.validation import build
 from replay import slo as slo_mod
@@ -143,5 +144,5 @@ def run(args: argparse.Namespace) -> int:
         console.print(line)
     if args.output is not None:
         written = write_report(args.output)
-        console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}")
+        console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}, {written[0].with_name(HTML_FILE)}")
     return 0

@@ -33,9 +33,9 @@ def _positive_int(text: str) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
-        help="rebuild the report, CSV and plots from sweep.json or replay.json",
+        help="rebuild the report (markdown and HTML), CSV and plots from sweep.json or replay.json",
         description=(
-            "Rebuild report.md, summary.csv and PNG plots from DIR/sweep.json or DIR/replay.json alone. "
+            "Rebuild report.md, report.html, summary.csv and PNG plots from DIR/sweep.json or DIR/replay.json alone. "
             "With a target load, also size the fleet for every feasible point."
         ),
     )

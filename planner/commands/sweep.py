@@ -15,6 +15,7 @@ from planner.sweep.config import load_settings
 from planner.sweep.grid import expand
 from planner.cliargs import env_default
 from planner.report import write_report
+from planner.report.html import HTML_FILE
 from planner.sweep.predict import predictor
 from planner.sweep.run import RESULTS_FILE, run_sweep
 from planner.tables import stdout_console, sweep_summary, sweep_table
@@ -117,6 +118,6 @@ def run(args: argparse.Namespace) -> int:
     console.print(sweep_table(results))
     for line in sweep_summary(results):
         console.print(line, soft_wrap=True, highlight=False)
-    console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}")
+    console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}, {written[0].with_name(HTML_FILE)}")
     return 0
 

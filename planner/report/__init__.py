@@ -1,10 +1,10 @@
-"""`planner report`: rebuild report.md, summary.csv and the plots from sweep.json or replay.json alone."""
+"""`planner report`: rebuild report.md, report.html, summary.csv and the plots from sweep.json or replay.json alone."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from planner.report import markdown, plots, summary_csv
+from planner.report import html, markdown, plots, summary_csv
 from planner.report.fleet import check_targets, plan_fleet
 from planner.report.load import load_results
 from planner.report.view import build
@@ -19,7 +19,7 @@ def write_report(
     target_rps: float | None = None,
     target_concurrency: int | None = None,
 ) -> list[Path]:
-    """Write report.md, summary.csv and the PNG plots next to the results; return their paths."""
+    """Write report.md, summary.csv, report.html and the PNG plots next to the results; return their paths."""
     check_targets(target_rps, target_concurrency)
     source, results = load_results(Path(results_dir))
     out_dir = source.parent
@@ -32,7 +32,9 @@ def write_report(
     report.write_text(markdown.render(data, plan, [p.name for p in plot_paths]), encoding="utf-8")
     csv_path = out_dir / CSV_FILE
     csv_path.write_text(summary_csv.render(data), encoding="utf-8")
-    return [report, csv_path, *plot_paths]
+    page = out_dir / html.HTML_FILE
+    page.write_text(html.render(data, plan, {p.name: p.read_bytes() for p in plot_paths}), encoding="utf-8")
+    return [report, csv_path, page, *plot_paths]
 
 
 __all__ = ["write_report"]

@@ -433,7 +433,8 @@ def _plots_section(plot_names: Sequence[str]) -> list[str]:
     return ["## Plots", ""] + [f"![{name}]({name})" for name in plot_names] + [""]
 
 
-def render(data: ReportData, plan: FleetPlan | None, plot_names: Sequence[str]) -> str:
+def header(data: ReportData) -> list[str]:
+    """The title, where the results came from, and whether the run was interrupted."""
     title = f"Capacity report: {data.model}" if data.model else "Capacity report"
     source = f"{data.kind} results `{data.source.name}`, started {data.started_at or DASH}"
     if data.kind == "sweep":
@@ -442,17 +443,25 @@ def render(data: ReportData, plan: FleetPlan | None, plot_names: Sequence[str]) 
     lines = [f"# {title}", "", source + ".", ""]
     if data.interrupted:
         lines += ["**Interrupted:** these results cover only what was measured before the run stopped.", ""]
-    lines += _recommendation(data)
-    lines += _slo_section(data)
+    return lines
+
+
+def sections(data: ReportData, plan: FleetPlan | None) -> list[tuple[str, list[str]]]:
+    """The report's sections in order, each (key, markdown lines); report.html renders the same ones."""
+    parts = [("recommendation", _recommendation(data)), ("slo", _slo_section(data))]
     if plan is not None:
-        lines += _fleet_section(plan, data)
+        parts.append(("fleet", _fleet_section(plan, data)))
     if data.kind == "sweep":
-        lines += _points_section(data)
-        lines += _gpu_models_section(data)
-        lines += _nodes_section(data)
-    lines += _failures_section(data) if data.kind == "sweep" else []
-    lines += _measured_vs_estimated(data)
-    lines += _steps_section(data)
-    lines += _server_section(data)
+        parts += [("points", _points_section(data)), ("gpu_models", _gpu_models_section(data)),
+                  ("nodes", _nodes_section(data)), ("failures", _failures_section(data))]
+    parts += [("measured_vs_estimated", _measured_vs_estimated(data)), ("steps", _steps_section(data)),
+              ("server", _server_section(data))]
+    return [(key, lines) for key, lines in parts if lines]
+
+
+def render(data: ReportData, plan: FleetPlan | None, plot_names: Sequence[str]) -> str:
+    lines = header(data)
+    for _, section in sections(data, plan):
+        lines += section
     lines += _plots_section(plot_names)
     return "\n".join(lines).rstrip() + "\n"

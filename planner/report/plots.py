@@ -10,6 +10,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -378,16 +379,21 @@ def time_split_plot(p: PointView, path: Path, title: str) -> Path | None:
     return _save(fig, path)
 
 
+def point_plot_name(data: ReportData, p: PointView, kind: Literal["latency", "time-split"]) -> str:
+    """A point's own plot file: latency.png for a replay, latency-<point>.png for a sweep's point."""
+    return f"{kind}.png" if data.kind == "replay" else f"{kind}-{_file_stem(p.id)}.png"
+
+
 def write_plots(data: ReportData, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
     measured = [p for p in data.points if p.steps]
     colors = _colors(data.points)
     for p in measured:
-        name = "latency.png" if data.kind == "replay" else f"latency-{_file_stem(p.id)}.png"
+        name = point_plot_name(data, p, "latency")
         title = f"{data.model or 'replay'}: latency against load" if data.kind == "replay" else f"{p.id}: latency against load"
         paths.append(latency_plot(p, data.slo, out_dir / name, title))
-        split_name = "time-split.png" if data.kind == "replay" else f"time-split-{_file_stem(p.id)}.png"
+        split_name = point_plot_name(data, p, "time-split")
         split_title = f"{data.model or 'replay'}: queue, prefill and decode against load" if data.kind == "replay" else f"{p.id}: queue, prefill and decode against load"
         split = time_split_plot(p, out_dir / split_name, split_title)
         if split is not None:

@@ -22,3 +22,14 @@ def signal_and_wait(proc: subprocess.Popen, sig: signal.Signals, timeout_s: floa
     finally:
         reap(proc)
     return err
+
+
+def terminate_and_wait(proc: subprocess.Popen, timeout_s: float = 10) -> None:
+    """Stop a helper process a test started (a Prometheus, a browser): SIGTERM, then SIGKILL if it
+    has not ended within timeout_s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from planner.exporter import PlannerMetrics
@@ -22,17 +19,10 @@ from replay.corpus import load_corpus
 from replay.session import run_replay
 from replay.settings import ReplaySettings
 from tests.fakes.openai_server import Behavior, FakeServer
+from tests.integration.prometheus import query, running_prometheus, wait_for_value
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fixtures" / "corpus" / "good.jsonl"
-READY_TIMEOUT_S = 30.0
-QUERY_TIMEOUT_S = 20.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_promtool_accepts_the_docker_config() -> None:
@@ -55,68 +45,16 @@ def exporter() -> Iterator[PlannerMetrics]:
 @pytest.fixture
 def prometheus(tmp_path: Path, exporter: PlannerMetrics) -> Iterator[str]:
     """A Prometheus scraping the exporter every second; yields its base URL."""
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is not installed (Debian package prometheus; make test installs it)"
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
+    config = (
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
         "scrape_configs:\n  - job_name: planner\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{exporter.port}']\n"
     )
-    port = _free_port()
-    log = tmp_path / "prometheus.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=out, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.perf_counter() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"prometheus not ready in {READY_TIMEOUT_S} s:\n{log.read_text(errors='replace')}")
-            time.sleep(0.1)
+    with running_prometheus(config, tmp_path / "prometheus") as url:
         # Prometheus hands new targets to its scrapers only every few seconds; wait for the first
         # scrape so the replay's steps are all observed.
         wait_for_value(url, 'up{job="planner"}', 1.0)
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def query(url: str, promql: str) -> list[dict]:
-    response = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=5.0)
-    body = response.json()
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
-def wait_for_value(url: str, promql: str, expected: float) -> float:
-    """Poll until the query's single value equals `expected` (the next scrape brings it); bounded."""
-    deadline = time.perf_counter() + QUERY_TIMEOUT_S
-    last = None
-    while time.perf_counter() < deadline:
-        result = query(url, promql)
-        if len(result) == 1:
-            last = float(result[0]["value"][1])
-            if last == expected:
-                return last
-        time.sleep(0.25)
-    raise AssertionError(f"{promql} was {last}, never {expected}, within {QUERY_TIMEOUT_S} s")
 
 
 @pytest.mark.timeout(90)

@@ -77,6 +77,16 @@ def test_bursts_are_counted_apart_and_tpot_is_observed() -> None:
     assert value(m, "planner_tpot_seconds_sum", point="replay") == pytest.approx(0.041 / 4)
 
 
+def test_burst_counter_exists_at_zero_once_a_request_is_measured() -> None:
+    # The dashboard's bursts panel shows 0, not "No data", on a server whose chunks never bunch up.
+    m = PlannerMetrics()
+    m.step_started(LoadSpec(mode="concurrency", value=1))
+    assert value(m, "planner_itl_burst_gaps_total", point="replay") is None
+    m.request_sent()
+    m.request_finished(record(ttft_s=0.1, gaps_s=(0.02, 0.02)), measured=True)
+    assert value(m, "planner_itl_burst_gaps_total", point="replay") == 0
+
+
 def test_buckets_reach_from_milliseconds_to_minutes() -> None:
     m = PlannerMetrics()
     m.request_sent()

@@ -81,7 +81,7 @@ def test_sweep_report_writes_every_file(sweep_report: tuple[Path, list[Path]]) -
     sweep = _sweep()
     names = {p.name for p in paths}
     measured = [p for p in sweep.points if p.steps]
-    expected = {"report.md", "summary.csv", "throughput.png", "kv-cache.png", "safe-concurrency-heatmap.png", "kv-tokens.png"}
+    expected = {"report.md", "report.html", "summary.csv", "throughput.png", "kv-cache.png", "safe-concurrency-heatmap.png", "kv-tokens.png"}
     expected |= {f"latency-{p.id}.png" for p in measured}
     assert names == expected
     for path in paths:
@@ -185,7 +185,7 @@ def test_replay_report_has_the_per_step_plots_only(tmp_path: Path) -> None:
     out = _copy(tmp_path, "replay")
     replay = _replay()
     paths = write_report(out)
-    assert {p.name for p in paths} == {"report.md", "summary.csv", "latency.png", "throughput.png", "kv-cache.png"}
+    assert {p.name for p in paths} == {"report.md", "report.html", "summary.csv", "latency.png", "throughput.png", "kv-cache.png"}
     for path in paths:
         if path.suffix == ".png":
             _check_png(path)
