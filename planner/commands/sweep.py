@@ -16,7 +16,8 @@ from planner.sweep.grid import expand
 from planner.cliargs import env_default
 from planner.report import write_report
 from planner.sweep.predict import predictor
-from planner.sweep.run import RESULTS_FILE, run_sweep
+from planner.sweep.results import RESULTS_FILE
+from planner.sweep.run import run_sweep
 from planner.tables import stdout_console, sweep_summary, sweep_table
 from replay.corpus import load_corpus
 

@@ -2,7 +2,7 @@
 
 On the node, a RelayObserver stands in for the driver's observers: it records each observer
 call, and each snapshot of the point's result, as plain data. The executor ships the batches
-(planner.sweep.ray_executor, through a Ray queue) and the driver replays them with `dispatch`.
+(planner.sweep.ray_node, through a Ray queue) and the driver replays them with `dispatch`.
 Nothing here knows about Ray.
 """
 

@@ -1,13 +1,16 @@
-"""The sweep's results schema (sweep.json). Rewritten atomically after every point."""
+"""The sweep's results schema (sweep.json). Rewritten atomically as its points change."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.capacity import Capacity, Failure
-from replay.results import StepResult
+from replay.results import StepResult, write_json_atomic
+
+RESULTS_FILE = "sweep.json"
 
 # 2: the run's corpus, vLLM version and GPUs moved from `settings` to `run` (RunInfo).
 SCHEMA_VERSION = 2
@@ -142,3 +145,7 @@ class SweepResults(_Model):
         settings = dict(data["settings"])
         run = {k: settings.pop(k) for k in _RUN_KEYS_IN_V1_SETTINGS if k in settings}
         return {**data, "schema_version": SCHEMA_VERSION, "settings": settings, "run": run}
+
+
+def write_results(output_dir: Path, results: SweepResults) -> None:
+    write_json_atomic(output_dir / RESULTS_FILE, results.model_dump(mode="json"))

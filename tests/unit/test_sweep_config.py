@@ -205,7 +205,7 @@ def test_sweep_replay_table_rejects_planned_loads(tmp_path):
 def test_resume_keeps_pruned_points_only_while_pruning():
     from planner.capacity import Failure
     from planner.sweep.results import PointResult
-    from planner.sweep.run import _reusable
+    from planner.sweep.run import reusable as _reusable
 
     pruned = PointResult(id="p", config={}, command=[], status="predicted_infeasible", fingerprint="f",
                          failure=Failure(kind="predicted_infeasible", message="m"))
