@@ -35,7 +35,7 @@ from typing import IO, Any
 
 import httpx
 
-from planner.capacity import Capacity, Failure
+from planner.capacity import Capacity
 from planner.errors import LaunchError, ServerStartFailed
 from planner.ports import free_port, port_is_free
 from planner.redaction import redact

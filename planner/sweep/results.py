@@ -8,7 +8,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.capacity import Capacity, Failure
+from planner.estimate import Estimate
+from replay import slo as slo_mod
 from replay.results import StepResult, write_json_atomic
+from replay.errors import SloSpecError
 
 RESULTS_FILE = "sweep.json"
 
@@ -35,6 +38,14 @@ INFEASIBLE_KINDS = frozenset(
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class NotPredicted(_Model):
+    """Why a point has no estimate; sweep.json keeps it as the point's prediction ({"error": ...})."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str
 
 
 class NodeRank(_Model):
@@ -92,7 +103,8 @@ class PointResult(_Model):
     gpu_memory_peak_mib: dict[str, float] | None = None
     gpu_memory_headroom_mib: dict[str, float] | None = None
     # From `planner estimate` before launching (see planner.estimate); None when not predicted.
-    prediction: dict[str, Any] | None = None
+    # An older planner's estimate that no longer parses is kept as it was saved (the dict).
+    prediction: Estimate | NotPredicted | dict[str, Any] | None = None
     kv_cache_tokens_predicted: int | None = None
     kv_cache_tokens_relative_error: float | None = None
     log_path: str | None = None
@@ -113,6 +125,11 @@ class CorpusInfo(_Model):
     requests: int
 
 
+class CpuSplitInfo(_Model):
+    server: list[int]
+    client: list[int]
+
+
 class RunInfo(_Model):
     """What this run found rather than what it was told: the corpus, vLLM's version, the GPUs."""
 
@@ -120,18 +137,54 @@ class RunInfo(_Model):
     vllm_version: str | None = None
     gpus_found: list[str] = Field(default_factory=list)
     # When [cpus] pins: the CPUs the servers and the planner itself were given.
-    cpus_split: dict[str, list[int]] | None = None
+    cpus_split: CpuSplitInfo | None = None
 
 
 # Version 1 kept RunInfo's keys inside `settings`.
 _RUN_KEYS_IN_V1_SETTINGS = ("corpus", "vllm_version", "gpus_found")
 
 
+class SavedServer(_Model):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+
+
+class SavedSlo(_Model):
+    """[slo] as saved: headroom and one bound per SLO key."""
+
+    model_config = ConfigDict(extra="allow")
+
+    headroom: float | None = None
+
+    def bounds(self) -> dict[str, float]:
+        """The SLO bounds, by key (those this planner knows; a file may come from another one)."""
+        out = {}
+        for key, bound in (self.model_extra or {}).items():
+            try:
+                slo_mod.check_key(key)
+            except SloSpecError:
+                continue
+            if isinstance(bound, int | float):
+                out[key] = float(bound)
+        return out
+
+
+class SavedSettings(_Model):
+    """The sweep settings as saved (planner.sweep.config.public_settings): every section is kept;
+    those the report reads are typed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    server: SavedServer = Field(default_factory=SavedServer)
+    slo: SavedSlo = Field(default_factory=SavedSlo)
+
+
 class SweepResults(_Model):
     schema_version: int = SCHEMA_VERSION
     started_at: str
     # The sweep settings as given (secrets replaced by "***"; see planner.sweep.config.public_settings).
-    settings: dict[str, Any]
+    settings: SavedSettings
     run: RunInfo = Field(default_factory=RunInfo)
     points: list[PointResult] = Field(default_factory=list)
     best: Best | None = None

@@ -20,8 +20,8 @@ from planner.sweep.local import LocalExecutor
 from planner.sweep.observer import SweepObserver
 from planner.sweep.outcome import choose_best
 from planner.sweep.point import PointContext, now
-from planner.sweep.predict import NotPredicted, should_skip
-from planner.sweep.results import RESULTS_FILE, CorpusInfo, PointResult, RunInfo, SweepResults
+from planner.sweep.predict import should_skip
+from planner.sweep.results import RESULTS_FILE, CorpusInfo, CpuSplitInfo, NotPredicted, PointResult, RunInfo, SweepResults
 from planner.sweep.version import probe_version
 from replay.corpus import Corpus
 
@@ -110,7 +110,7 @@ async def _sweep(
         corpus=CorpusInfo(path=str(corpus.path), sha256=corpus.sha256, requests=len(corpus)),
         vllm_version=version,
         gpus_found=[g.index for g in inventory],
-        cpus_split=None if cpus is None else {"server": list(cpus.server), "client": list(cpus.client)},
+        cpus_split=None if cpus is None else CpuSplitInfo(server=list(cpus.server), client=list(cpus.client)),
     )
     ctx = SweepContext(
         shared=PointContext(
@@ -138,7 +138,7 @@ async def _sweep(
         if predict is not None:
             prediction = predict(point, inventory)
             if prediction is not None:
-                result.prediction = prediction.model_dump(mode="json")
+                result.prediction = prediction
             if isinstance(prediction, Estimate):
                 result.kv_cache_tokens_predicted = prediction.kv_cache_tokens
                 why = should_skip(prediction.verdict, prune=settings.estimate.prune)

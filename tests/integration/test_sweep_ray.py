@@ -31,7 +31,7 @@ from planner.report import write_report
 from planner.sweep.config import load_settings
 from planner.sweep.run import run_sweep
 from replay.corpus import load_corpus
-from tests.unit.test_exporter import value
+from tests.fakes.results import value
 from planner.sweep.results import SweepResults
 from tests.fakes.sweep_files import ROOT, write_ray_sweep_config as write_config
 from tests.integration.stopping import reap
