@@ -202,20 +202,6 @@ def test_sweep_replay_table_rejects_planned_loads(tmp_path):
         load_settings(write(tmp_path, BASE.replace("min_requests = 50", "min_requests = 50\nconcurrency = [4]\nfind_max = true")))
 
 
-def test_resume_keeps_pruned_points_only_while_pruning():
-    from planner.capacity import Failure
-    from planner.sweep.results import PointResult
-    from planner.sweep.run import reusable as _reusable
-
-    pruned = PointResult(id="p", config={}, command=[], status="predicted_infeasible", fingerprint="f",
-                         failure=Failure(kind="predicted_infeasible", message="m"))
-    assert _reusable(pruned, prune=True) and not _reusable(pruned, prune=False)
-    no_gpus = pruned.model_copy(update={"status": "infeasible", "failure": Failure(kind="world_size_too_large", message="m")})
-    assert not _reusable(no_gpus, prune=True)
-    refused_by_vllm = no_gpus.model_copy(update={"command": ["vllm", "serve"]})
-    assert _reusable(refused_by_vllm, prune=True)
-
-
 def test_server_view_slos_in_the_slo_table(tmp_path):
     text = BASE.replace("ttft_p99_ms = 800", "ttft_p99_ms = 800\nserver_ttft_p99_ms = 500\nserver_queue_p99_ms = 250")
     assert load_settings(write(tmp_path, text)).slo.rules() == {
