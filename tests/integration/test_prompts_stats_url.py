@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from planner.cli import main
-from planner.commands.prompts import server_token_counts
+from replay.corpus_stats import server_token_counts
 from replay.corpus import load_corpus
 from tests.fakes.openai_server import Behavior, FakeServer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.commands.prompts import corpus_stats, render_stats
+from replay.corpus_stats import corpus_stats, render_stats
 from replay.corpus import load_corpus, request_text
 from replay.lengths import ESTIMATE_RULE, estimate_tokens
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from planner.commands.prompts import convert_sharegpt
+from replay.sharegpt import convert_sharegpt
 from replay.corpus import load_corpus
 from replay.errors import CorpusError
 
