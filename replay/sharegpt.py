@@ -14,7 +14,6 @@ from replay.atomic import atomic_text
 from replay.errors import CorpusError
 from replay.lengths import estimate_tokens
 
-
 # ShareGPT dumps name the speakers in several ways; these are the ones seen in the common sets.
 SHAREGPT_ROLES = {
     "human": "user",

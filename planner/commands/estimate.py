@@ -9,9 +9,9 @@ from pathlib import Path
 from planner.cliargs import comma_list, env_default
 from planner.estimate.architecture import CACHE_DTYPE_HELP
 from planner.estimate.demand import corpus_request_tokens
+from planner.estimate.fit import Verdict
 from planner.estimate.gpu_catalog import CATALOG
 from planner.estimate.memory import WorkingMemoryModel
-from planner.estimate.fit import Verdict
 from planner.estimate.plan import DEFAULT_GPU_MEMORY_UTILIZATION, Estimate, EstimateSettings, estimate
 from planner.estimate.units import GIB, VALID_HELP
 from planner.validation import build

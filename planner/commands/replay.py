@@ -7,11 +7,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from planner.cliargs import add_metrics_args, comma_list, env_default, metrics_exporter
 from planner import interrupt
+from planner.cliargs import add_metrics_args, comma_list, env_default, metrics_exporter
 from planner.progress import StepProgress
 from planner.report import write_report
-from planner.tables import stdout_console, replay_summary, steps_table
+from planner.tables import replay_summary, stdout_console, steps_table
 from planner.validation import build
 from replay import slo as slo_mod
 from replay.corpus import load_corpus

@@ -6,14 +6,13 @@ import argparse
 import shlex
 from pathlib import Path
 
-
-from planner import interrupt
 from planner import cpus as cpus_mod
+from planner import interrupt
+from planner.cliargs import add_metrics_args, env_default, metrics_exporter
 from planner.progress import StepProgress
+from planner.report import write_report
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand
-from planner.cliargs import add_metrics_args, env_default, metrics_exporter
-from planner.report import write_report
 from planner.sweep.point import log_path, point_server
 from planner.sweep.predict import predictor
 from planner.sweep.results import RESULTS_FILE

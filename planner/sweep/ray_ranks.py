@@ -29,8 +29,8 @@ from planner.capacity import Failure
 from planner.errors import ConfigError, PeerLost, PeerStartFailed
 from planner.sweep.config import SweepSettings
 from planner.sweep.grid import Point
-from planner.sweep.results import NodeRank
 from planner.sweep.point import point_server
+from planner.sweep.results import NodeRank
 from planner.vllm_log import classify_failure, log_tail
 
 # Ray exposes a node's GPU model as the resource accelerator_type:<model> (value 1).

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.capacity import Capacity, Failure
 from planner.estimate import Estimate
 from replay import slo as slo_mod
-from replay.results import StepResult, write_json_atomic
 from replay.errors import SloSpecError
+from replay.results import StepResult, write_json_atomic
 
 RESULTS_FILE = "sweep.json"
 

@@ -16,11 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from planner.errors import LaunchError
-from planner.errors import ServerStartFailed
+from planner.errors import LaunchError, ServerStartFailed
 from planner.launcher import VllmServer, group_alive
-from planner.redaction import redact
 from planner.ports import free_port, port_is_free
+from planner.redaction import redact
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_VLLM = [sys.executable, str(REPO / "tests" / "fakes" / "fake_vllm.py")]

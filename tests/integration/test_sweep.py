@@ -18,13 +18,10 @@ import pytest
 from planner.cli import main
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand, fingerprint
-from planner.sweep.run import previous_results
 from planner.sweep.results import SweepResults
+from planner.sweep.run import previous_results
 from tests.fakes.sweep_files import FAKE_VLLM, ROOT, write_corpus
 from tests.integration.stopping import signal_and_wait
-
-
-
 
 
 def write_config(tmp_path: Path, *, kv_bytes: list[str], extra_env: dict | None = None, grid_env: str = "") -> Path:

@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from planner.errors import ConfigError
 from planner.exporter import PlannerMetrics
-from tests.fakes.results import finished_step, record, value
 from replay.results import LoadSpec
+from tests.fakes.results import finished_step, record, value
 
 
 def test_observer_calls_update_the_series() -> None:

@@ -2,8 +2,8 @@ import pytest
 
 from replay import slo
 from replay.errors import SloSpecError
-from tests.fakes.results import make_step
 from replay.results import LatencySummary, ServerLatency, ServerSummary
+from tests.fakes.results import make_step
 
 
 def test_parse_default_expression():

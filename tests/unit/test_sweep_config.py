@@ -1,9 +1,9 @@
 import pytest
 
 from planner.errors import ConfigError
+from planner.estimate import Verdict
 from planner.sweep.config import load_settings, public_settings
 from planner.sweep.grid import expand, fingerprint
-from planner.estimate import Verdict
 from planner.sweep.predict import should_skip
 from planner.vllm_args import fixed_flags
 
@@ -233,8 +233,8 @@ resources = { nvlink = 0 }
 
 
 def test_executor_from_the_file_the_environment_and_the_flag(tmp_path, monkeypatch):
-    from planner.commands.sweep import overrides_from_args
     from planner.cli import build_parser
+    from planner.commands.sweep import overrides_from_args
 
     path = write(tmp_path, BASE + '\n[executor]\nkind = "local"\naddress = "ray://head:10001"\n[executor.node_selector]\ngpu_type = "H100"\n')
     settings = load_settings(path)
