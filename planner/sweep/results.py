@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 from planner.capacity import Capacity, Failure
 from planner.estimate import Estimate
@@ -144,16 +144,35 @@ class RunInfo(_Model):
 _RUN_KEYS_IN_V1_SETTINGS = ("corpus", "vllm_version", "gpus_found")
 
 
-class SavedServer(_Model):
+class _Saved(_Model):
+    """A section saved as given: any keys, written back in the order they came in (typed fields
+    would otherwise go first)."""
+
     model_config = ConfigDict(extra="allow")
+    _order: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: Any) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._order = list(data)
+        return model
+
+    @model_serializer(mode="wrap")
+    def _in_saved_order(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        place = {k: i for i, k in enumerate(self._order)}
+        return dict(sorted(out.items(), key=lambda kv: place.get(kv[0], len(place))))
+
+
+class SavedServer(_Saved):
 
     model: str | None = None
 
 
-class SavedSlo(_Model):
+class SavedSlo(_Saved):
     """[slo] as saved: headroom and one bound per SLO key."""
-
-    model_config = ConfigDict(extra="allow")
 
     headroom: float | None = None
 
@@ -170,11 +189,9 @@ class SavedSlo(_Model):
         return out
 
 
-class SavedSettings(_Model):
+class SavedSettings(_Saved):
     """The sweep settings as saved (planner.sweep.config.public_settings): every section is kept;
     those the report reads are typed."""
-
-    model_config = ConfigDict(extra="allow")
 
     server: SavedServer = Field(default_factory=SavedServer)
     slo: SavedSlo = Field(default_factory=SavedSlo)

@@ -91,3 +91,11 @@ def test_an_older_prediction_that_no_longer_parses_is_kept_as_saved():
 def test_the_cpu_split_is_a_model():
     run = RunInfo.model_validate({"cpus_split": {"server": [0, 1], "client": [2]}})
     assert run.cpus_split == CpuSplitInfo(server=[0, 1], client=[2])
+
+
+def test_saved_settings_keep_their_order():
+    saved = {"server": {"command": ["vllm", "serve"], "model": "m", "args": []}, "grid": {}, "slo": {"ttft_p99_ms": 800, "headroom": 0.1}}
+    sweep = SweepResults.model_validate({"started_at": "x", "settings": saved})
+    dumped = sweep.model_dump(mode="json")["settings"]
+    assert json.dumps(dumped) == json.dumps(saved)
+    assert json.loads(sweep.model_dump_json())["settings"] == saved and list(json.loads(sweep.model_dump_json())["settings"]) == list(saved)
