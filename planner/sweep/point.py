@@ -18,10 +18,11 @@ import asyncio
 import contextlib
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from planner import cpus as cpus_mod
 from planner import gpus as gpu_mod
@@ -258,7 +259,7 @@ class PointRunner:
             upper, limit = cap_n, "max_concurrency"
         return upper, limit
 
-    def _search(self, replay: Replay, upper: int):
+    def _search(self, replay: Replay, upper: int) -> Coroutine[Any, Any, tuple[int | None, int | None]]:
         """The point's search, from [replay] start_concurrency up to the ceiling `upper`: returns
         (highest passing, lowest failing) concurrency."""
         return replay.search(start=min(self.ctx.settings.replay.start_concurrency, upper), upper=upper)
