@@ -28,6 +28,7 @@ from planner.cli import main  # noqa: E402
 from planner.sweep.results import SweepResults  # noqa: E402
 from tests.fakes.sweep_files import write_ray_sweep_config  # noqa: E402
 
+
 def timed_sweep(cfg: Path, out: Path) -> tuple[float, SweepResults]:
     start = time.perf_counter()
     # The progress display and tables go to stderr/stdout; only the figures matter here.

@@ -14,10 +14,12 @@ from collections.abc import Sequence
 
 from planner import __version__
 from planner.errors import PlannerError
-from planner.interrupt import EXIT_STATUS as SIGTERM_EXIT_STATUS, Terminated
+from planner.interrupt import EXIT_STATUS as SIGTERM_EXIT_STATUS
+from planner.interrupt import Terminated
 from replay.errors import ReplayError
 
-COMMANDS: tuple[str, ...] = ("replay", "report", "sweep", "prompts", "estimate", "measure_train")  # each command module adds its name here when it lands
+# planner.commands.NAME for each; `planner --help` lists them in this order.
+COMMANDS: tuple[str, ...] = ("replay", "report", "sweep", "prompts", "estimate", "measure_train")
 
 
 def build_parser() -> argparse.ArgumentParser:

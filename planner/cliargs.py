@@ -1,10 +1,15 @@
-"""Argument types for the commands' parsers."""
+"""Argument types and shared options for the commands' parsers."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner.exporter import PlannerMetrics
 
 
 def comma_list(kind: Callable[[str], object], what: str) -> Callable[[str], list]:
@@ -19,3 +24,24 @@ def comma_list(kind: Callable[[str], object], what: str) -> Callable[[str], list
 
 def env_default(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
+
+
+def add_metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=None, help="serve the planner's Prometheus metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server (default 127.0.0.1)")
+
+
+@contextlib.contextmanager
+def metrics_exporter(args: argparse.Namespace) -> Iterator[PlannerMetrics | None]:
+    """The planner's metrics, served on --metrics-host:--metrics-port while the block runs; None
+    without --metrics-port."""
+    if args.metrics_port is None:
+        yield None
+        return
+    # Imported here: a command run without --metrics-port never needs the Prometheus client.
+    from planner.exporter import PlannerMetrics
+
+    exporter = PlannerMetrics()
+    exporter.start(host=args.metrics_host, port=args.metrics_port)
+    with exporter:
+        yield exporter

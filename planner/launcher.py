@@ -35,8 +35,8 @@ from typing import IO, Any
 
 import httpx
 
-from planner.capacity import Capacity, Failure
-from planner.errors import PlannerError, ServerStartError
+from planner.capacity import Capacity
+from planner.errors import LaunchError, ServerStartFailed
 from planner.ports import free_port, port_is_free
 from planner.redaction import redact
 from planner.vllm_args import flag_int, has_flag, take_api_key
@@ -64,15 +64,6 @@ try:
 except ProcessLookupError:
     pass
 """
-
-class ServerStartFailed(PlannerError):
-    """The server did not become ready; `failure` says why (classified from its log)."""
-
-    def __init__(self, failure: Failure, log_path: Path) -> None:
-        self.failure = failure
-        self.log_path = log_path
-        super().__init__(f"vLLM server did not start ({failure.kind}): {failure.message} (log: {log_path})")
-
 
 def group_alive(pgid: int) -> bool:
     """Whether any process of the group still runs. Zombies do not count: in a container whose
@@ -128,7 +119,7 @@ class VllmServer:
         headless: bool = False,
     ) -> None:
         if not command:
-            raise ServerStartError("the server command is empty; give e.g. ['vllm', 'serve']")
+            raise LaunchError("the server command is empty; give e.g. ['vllm', 'serve']")
         self._args, key_in_args = take_api_key(args)
         self.api_key = api_key if api_key is not None else key_in_args
         self._command = list(command)
@@ -162,7 +153,7 @@ class VllmServer:
     @property
     def url(self) -> str:
         if self.port is None:
-            raise ServerStartError("the server has no port before start()")
+            raise LaunchError("the server has no port before start()")
         host = _connect_host(self.host)
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
@@ -195,7 +186,7 @@ class VllmServer:
     async def wait_exit(self) -> int:
         """Completes with the exit code once the server process has exited (for whatever reason)."""
         if self._proc is None:
-            raise ServerStartError("wait_exit() before start()")
+            raise LaunchError("wait_exit() before start()")
         return await self._proc.wait()
 
     def read_log(self) -> str:
@@ -231,11 +222,11 @@ class VllmServer:
 
     async def start(self) -> VllmServer:
         if self._proc is not None:
-            raise ServerStartError("this VllmServer was already started; make a new one per server")
+            raise LaunchError("this VllmServer was already started; make a new one per server")
         if self.port is None:
             self.port = free_port(_connect_host(self.host))
         elif not port_is_free(self.host, self.port):
-            raise ServerStartError(
+            raise LaunchError(
                 f"port {self.port} on {self.host} is already in use; choose another or leave the port unset"
             )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -252,7 +243,7 @@ class VllmServer:
             )
         except OSError as exc:
             self._log_file.close()
-            raise ServerStartError(
+            raise LaunchError(
                 f"cannot run the server command {self._command[0]!r}: {exc.strerror or exc}; "
                 "check the command (e.g. 'vllm serve', or 'python -m vllm.entrypoints.openai.api_server') and PATH"
             ) from exc
@@ -298,7 +289,7 @@ class VllmServer:
             )
         except OSError as exc:
             os.close(write_fd)
-            raise ServerStartError(f"cannot start the reaper process with {sys.executable!r}: {exc}") from exc
+            raise LaunchError(f"cannot start the reaper process with {sys.executable!r}: {exc}") from exc
         finally:
             os.close(read_fd)
         self._reaper_fd = write_fd

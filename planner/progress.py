@@ -60,6 +60,9 @@ class StepProgress:
         )
 
     # The sweep's point events: each step's line starts with the point it belongs to.
+    def point_placed(self, point_id: str, node: str, gpu_model: str | None) -> None:
+        """Where a point runs is the exporter's to show, not the progress line's."""
+
     def point_started(self, point_id: str, config: dict, model: str) -> None:
         self.set_prefix(f"{point_id}  ")
 

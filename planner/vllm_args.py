@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from planner.errors import ServerStartError
+from planner.errors import LaunchError
 
 
 def has_flag(args: Sequence[str], *names: str) -> bool:
@@ -69,7 +69,7 @@ def take_api_key(args: Sequence[str]) -> tuple[list[str], str | None]:
         if token == "--api-key":
             key = next(tokens, None)
             if key is None:
-                raise ServerStartError("server argument --api-key has no value; give it as --api-key KEY")
+                raise LaunchError("server argument --api-key has no value; give it as --api-key KEY")
         elif token.startswith("--api-key="):
             key = token.removeprefix("--api-key=")
         else:

@@ -4,7 +4,7 @@ Pure functions on text. vLLM's log line looks like
 `(EngineCore_DP0 pid=812) INFO 07-14 10:02:11 [kv_cache_utils.py:1283] message`, but the process
 name, an optional VLLM_LOGGING_PREFIX and the wording around the numbers change between versions,
 so every pattern here anchors on the numbers and a few stable words, never on the whole line.
-Formats known (see VLLM_FACTS.md):
+Formats known (a log of each in tests/fixtures/vllm_logs/):
 
 - 0.32:        `GPU KV cache size: 1,234,567 tokens, Maximum concurrency for 4,096 tokens per
                request: 12.34x` (device GPU/CPU/XPU, optionally `GPU + host`)

@@ -43,6 +43,8 @@ RESERVED_BODY_KEYS = frozenset({"model", "prompt", "messages", "stream", "stream
 # How much of an error response body is read to explain an http_<status>.
 ERROR_BODY_MAX_BYTES = 4096
 DETAIL_MAX_CHARS = 200
+# Spare connections beside the load's, so /metrics scrapes never wait for a request to finish.
+METRICS_CONNECTIONS = 4
 
 
 class CorpusRequestLike(Protocol):

@@ -7,12 +7,12 @@ from them without a server.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from replay.atomic import atomic_text
 
 SCHEMA_VERSION = 1
 
@@ -189,16 +189,6 @@ class ReplayResults(_Model):
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that a reader sees the old file or the new one, never half of either."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_text(path) as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")

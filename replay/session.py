@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from replay.client import StreamingClient
+from replay.client import METRICS_CONNECTIONS, StreamingClient
 from replay.corpus import Corpus
 from replay.errors import ReplayError, StepAborted
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
@@ -34,7 +34,6 @@ class StepMonitor(Protocol):
 RESULTS_FILE = "replay.json"
 # Connection pool size when the highest concurrency is not known in advance.
 SEARCH_MAX_CONNECTIONS = 4096
-METRICS_CONNECTIONS = 4
 
 
 def planned_loads(settings: ReplaySettings) -> list[Load]:

@@ -33,4 +33,4 @@ fi
 
 # The progress bar transformers prints while writing weights is noise in a build log.
 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error \
-  exec "$python" "$root/planner/tinymodel.py" --out "$out"
+  exec "$python" "$root/scripts/tinymodel.py" --out "$out"

@@ -10,9 +10,9 @@ from planner.cliargs import comma_list, env_default
 from planner.commands import estimate_train
 from planner.estimate.architecture import CACHE_DTYPE_HELP
 from planner.estimate.demand import corpus_request_tokens
+from planner.estimate.fit import Verdict
 from planner.estimate.gpu_catalog import CATALOG
 from planner.estimate.memory import WorkingMemoryModel
-from planner.estimate.fit import Verdict
 from planner.estimate.plan import DEFAULT_GPU_MEMORY_UTILIZATION, Estimate, EstimateSettings, estimate
 from planner.estimate.units import GIB, VALID_HELP, format_bytes
 from planner.validation import build

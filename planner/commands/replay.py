@@ -7,12 +7,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from planner.cliargs import comma_list, env_default
 from planner import interrupt
+from planner.cliargs import add_metrics_args, comma_list, env_default, metrics_exporter
 from planner.progress import StepProgress
 from planner.report import write_report
 from planner.report.html import HTML_FILE
-from planner.tables import stdout_console, replay_summary, steps_table
+from planner.tables import replay_summary, stdout_console, steps_table
 from planner.validation import build
 from replay import slo as slo_mod
 from replay.corpus import load_corpus
@@ -69,8 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--skip-invalid", action="store_true", help="skip invalid corpus lines (and report how many)")
     p.add_argument("--output", type=Path, default=None, help=f"write DIR/{RESULTS_FILE} after every step, and the report")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve the planner's Prometheus metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server (default 127.0.0.1)")
+    add_metrics_args(p)
     p.set_defaults(run=run)
 
 
@@ -116,29 +115,19 @@ def run(args: argparse.Namespace) -> int:
     if corpus.skipped_invalid:
         Console(stderr=True).print(f"skipped {corpus.skipped_invalid} invalid corpus lines (--skip-invalid)")
 
-    exporter = None
-    if args.metrics_port is not None:
-        from planner.exporter import PlannerMetrics
-
-        exporter = PlannerMetrics()
-        exporter.start(host=args.metrics_host, port=args.metrics_port)
-    try:
-        with StepProgress(settings.window(slo).min_requests) as progress:
-            results = interrupt.run(
-                run_replay(
-                    url=args.url.rstrip("/"),
-                    corpus=corpus,
-                    settings=settings,
-                    slo=slo,
-                    model=args.model,
-                    api_key=args.api_key,
-                    output_dir=args.output,
-                    observer=Observers(progress, exporter),
-                )
+    with metrics_exporter(args) as exporter, StepProgress(settings.window(slo).min_requests) as progress:
+        results = interrupt.run(
+            run_replay(
+                url=args.url.rstrip("/"),
+                corpus=corpus,
+                settings=settings,
+                slo=slo,
+                model=args.model,
+                api_key=args.api_key,
+                output_dir=args.output,
+                observer=Observers(progress, exporter),
             )
-    finally:
-        if exporter is not None:
-            exporter.stop()
+        )
     console.print(steps_table(results.steps, title=f"{results.model} at {results.url}"))
     for line in replay_summary(results):
         console.print(line)

@@ -6,18 +6,18 @@ import argparse
 import shlex
 from pathlib import Path
 
-
-from planner.launcher import VllmServer
-from planner import interrupt
 from planner import cpus as cpus_mod
+from planner import interrupt
+from planner.cliargs import add_metrics_args, env_default, metrics_exporter
 from planner.progress import StepProgress
+from planner.report import write_report
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand
-from planner.cliargs import env_default
-from planner.report import write_report
 from planner.report.html import HTML_FILE
+from planner.sweep.point import log_path, point_server
 from planner.sweep.predict import predictor
-from planner.sweep.run import RESULTS_FILE, run_sweep
+from planner.sweep.results import RESULTS_FILE
+from planner.sweep.run import run_sweep
 from planner.tables import stdout_console, sweep_summary, sweep_table
 from replay.corpus import load_corpus
 
@@ -47,8 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="size a fleet for this many concurrent requests in the report (env PLANNER_TARGET_CONCURRENCY)")
     p.add_argument("--executor", choices=("local", "ray"), default=None,
                    help="where points run: this machine or a Ray cluster (overrides [executor] kind; env PLANNER_EXECUTOR__KIND)")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve the planner's Prometheus metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server (default 127.0.0.1)")
+    add_metrics_args(p)
     p.set_defaults(run=run)
 
 
@@ -73,13 +72,11 @@ def run(args: argparse.Namespace) -> int:
     points = expand(settings)
     if args.dry_run:
         console.print(f"{len(points)} points; server command: {shlex.join(settings.server.command)}")
-        s = settings.server
         for point in points:
             env = " ".join(f"{k}={v}" for k, v in point.env.items())
-            server = VllmServer(
-                s.command, model=s.model, log_path=args.output / "points" / point.id / "server.log",
-                host=s.host, port=s.port or None, args=[*s.args, *point.flags],
-                api_key=s.api_key.get_secret_value() if s.api_key else None,
+            # The same command the sweep will run (its GPUs and CPUs are chosen only then).
+            server = point_server(
+                settings, point, log_path=args.output / log_path(point.id), gpu_ids=(), port=settings.server.port or None
             )
             console.print(
                 f"{point.id}: {(env + ' ') if env else ''}{shlex.join(server.command_for_record)}",
@@ -92,28 +89,18 @@ def run(args: argparse.Namespace) -> int:
     if pinned is not None:
         # Before any thread starts: threads inherit the mask of the one that starts them.
         cpus_mod.pin_self(pinned)
-    exporter = None
-    if args.metrics_port is not None:
-        from planner.exporter import PlannerMetrics
-
-        exporter = PlannerMetrics()
-        exporter.start(host=args.metrics_host, port=args.metrics_port)
-    try:
-        with StepProgress(settings.replay.window(settings.slo.rules()).min_requests) as progress:
-            results = interrupt.run(
-                run_sweep(
-                    settings,
-                    corpus,
-                    output_dir=args.output,
-                    resume=args.resume,
-                    observers=[o for o in (progress, exporter) if o is not None],
-                    predict=predictor(settings),
-                    cpus=pinned,
-                )
+    with metrics_exporter(args) as exporter, StepProgress(settings.replay.window(settings.slo.rules()).min_requests) as progress:
+        results = interrupt.run(
+            run_sweep(
+                settings,
+                corpus,
+                output_dir=args.output,
+                resume=args.resume,
+                observers=[o for o in (progress, exporter) if o is not None],
+                predict=predictor(settings),
+                cpus=pinned,
             )
-    finally:
-        if exporter is not None:
-            exporter.stop()
+        )
     written = write_report(args.output, target_rps=args.target_rps, target_concurrency=args.target_concurrency)
     console.print(sweep_table(results))
     for line in sweep_summary(results):

@@ -13,8 +13,6 @@ from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
 from planner.sweep.results import NodeRank, PointResult, SweepResults
-from replay import slo as slo_mod
-from replay.errors import SloSpecError
 from replay.results import ReplayResults, StepResult
 from replay.search import bracket
 
@@ -144,48 +142,19 @@ def _point(p: PointResult) -> PointView:
     )
 
 
-def _slo(settings: dict[str, Any]) -> dict[str, float]:
-    """The SLO bounds saved with a sweep's settings (its [slo] section also holds `headroom`)."""
-    slo = settings.get("slo")
-    if not isinstance(slo, dict):
-        return {}
-    out = {}
-    for key, bound in slo.items():
-        try:
-            slo_mod.check_key(str(key))
-        except SloSpecError:
-            continue
-        if isinstance(bound, int | float):
-            out[str(key)] = float(bound)
-    return out
-
-
-def _headroom(settings: dict[str, Any]) -> float | None:
-    slo = settings.get("slo")
-    value = slo.get("headroom") if isinstance(slo, dict) else None
-    return float(value) if isinstance(value, int | float) else None
-
-
-def _sweep_model(settings: dict[str, Any]) -> str | None:
-    server = settings.get("server")
-    model = server.get("model") if isinstance(server, dict) else None
-    return str(model) if model else None
-
-
 def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
-    model = _sweep_model(sweep.settings)
     return ReportData(
         kind="sweep",
         source=source,
-        model=model,
-        slo=_slo(sweep.settings),
+        model=sweep.settings.server.model or None,
+        slo=sweep.settings.slo.bounds(),
         points=tuple(_point(p) for p in sweep.points),
         best_id=sweep.best.point_id if sweep.best else None,
         best_reason=sweep.best.reason if sweep.best else None,
         others=dict(sweep.best.others) if sweep.best else {},
         interrupted=sweep.interrupted,
         started_at=sweep.started_at,
-        headroom_setting=_headroom(sweep.settings),
+        headroom_setting=sweep.settings.slo.headroom,
     )
 
 

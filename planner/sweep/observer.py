@@ -13,6 +13,16 @@ from replay.observer import Observers, ReplayObserver
 class SweepObserver(ReplayObserver, Protocol):
     def point_started(self, point_id: str, config: dict[str, Any], model: str) -> None: ...
 
+    def point_placed(self, point_id: str, node: str, gpu_model: str | None) -> None:
+        """A Ray sweep's point started on `node` (its hostname), on GPUs of `gpu_model`."""
+        ...
+
+    def use_point(self, point_id: str) -> None:
+        """The replay calls that follow belong to this point. Points of a Ray sweep run at once
+        and their events reach the driver interleaved, so an observer that keeps per-point state
+        is told which point each batch belongs to (planner.sweep.relay.dispatch)."""
+        ...
+
     def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None: ...
 
 
@@ -26,6 +36,14 @@ class SweepObservers(Observers):
     def point_started(self, point_id: str, config: dict[str, Any], model: str) -> None:
         for o in self._points:
             o.point_started(point_id, config, model)
+
+    def point_placed(self, point_id: str, node: str, gpu_model: str | None) -> None:
+        for o in self._points:
+            o.point_placed(point_id, node, gpu_model)
+
+    def use_point(self, point_id: str) -> None:
+        for o in self._points:
+            o.use_point(point_id)
 
     def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
         for o in self._points:

@@ -1,4 +1,6 @@
-"""What a point's steps add up to, and which point wins. Pure functions of results."""
+"""What a point's end means, what its steps add up to, and which point wins. Pure functions of
+results; the executors (planner.sweep.local, planner.sweep.ray_driver) and the point
+(planner.sweep.point) apply them."""
 
 from __future__ import annotations
 
@@ -6,10 +8,56 @@ import math
 
 import numpy as np
 
-from planner.sweep.results import Best, PointResult
+from planner.capacity import Failure
+from planner.sweep.results import INFEASIBLE_KINDS, Best, PointResult, PointStatus
 from replay.results import StepResult
+from replay.session import binding_constraint, knee
 
 UPPER_BOUND_CONSTRAINT = "kv_capacity_bound"
+
+
+def ended_status(failure: Failure) -> PointStatus:
+    """A point that ended on `failure`: "infeasible" when the configuration cannot run, else "failed"."""
+    return "infeasible" if failure.kind in INFEASIBLE_KINDS else "failed"
+
+
+def interrupted(message: str = "the sweep was interrupted during this point") -> Failure:
+    return Failure(kind="interrupted", message=message)
+
+
+def conclude(
+    result: PointResult,
+    lo: int | None,
+    hi: int | None,
+    *,
+    upper: int,
+    limit: str | None,
+    gpus: int,
+    headroom: float,
+    gpu_totals_mib: dict[str, float],
+) -> None:
+    """Fill in a point whose search ended: lo passed, hi failed (None: none did), `upper` was the
+    search's ceiling, set by `limit`; the point holds `gpus` GPUs. The GPU memory headroom is each sampled GPU's total
+    (`gpu_totals_mib`, by index) less its peak over the steps."""
+    r = result
+    r.status = "ok"
+    r.max_passing_concurrency = lo
+    r.min_failing_concurrency = hi
+    r.binding_constraint = binding_constraint(r.steps, hi, limit if hi is None and lo == upper else None)
+    r.confirmed, r.knee_interval = knee(r.steps)
+    r.safe_concurrency = safe_concurrency(lo, headroom)
+    r.gpus = gpus
+    if r.safe_concurrency is not None:
+        r.safe_concurrency_per_gpu = round(r.safe_concurrency / r.gpus, 3)
+        tps = output_tokens_per_s_at(r.steps, r.safe_concurrency)
+        r.output_tokens_per_s_per_gpu = None if tps is None else round(tps / r.gpus, 2)
+    peaks: dict[str, float] = {}
+    for step in r.steps:
+        for gpu, mib in (step.gpu_memory_peak_mib or {}).items():
+            peaks[gpu] = max(peaks.get(gpu, 0.0), mib)
+    if peaks:
+        r.gpu_memory_peak_mib = peaks
+        r.gpu_memory_headroom_mib = {g: gpu_totals_mib[g] - v for g, v in peaks.items() if g in gpu_totals_mib}
 
 
 def safe_concurrency(max_passing: int | None, headroom: float) -> int | None:

@@ -6,24 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from planner.errors import ConfigError, EstimateError
 from planner.estimate import Estimate, Verdict, estimate_point
 from planner.gpus import Gpu
 from planner.sweep.config import SweepSettings
 from planner.sweep.grid import Point
+from planner.sweep.results import NotPredicted
 from planner.vllm_args import fixed_flags
 
 MIB = 1 << 20
-
-
-class NotPredicted(BaseModel):
-    """Why a point has no estimate; sweep.json keeps it as the point's prediction ({"error": ...})."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    error: str
 
 
 def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], Estimate | NotPredicted | None]:

@@ -4,7 +4,7 @@ vLLM's multi-node mode runs `vllm serve ... --nnodes N` once on each node: rank 
 `--node-rank 0 --master-addr ITS_ADDRESS --master-port P`, serves the API; ranks 1..N-1 add
 `--node-rank k --headless` and join rank 0's torch.distributed group. Such a point's placement
 group has one bundle of GPUs / N GPUs per node (STRICT_SPREAD). Its Ray task runs in bundle 0 and
-is rank 0 (the point as on one node, planner.sweep.ray_executor); it starts one HeadlessRank actor
+is rank 0 (the point as on one node, planner.sweep.ray_node); it starts one HeadlessRank actor
 in each other bundle. The actors belong to the task: when its worker dies (cancelled, or its node
 lost) Ray kills them, and each actor's launcher reaper then stops its vLLM.
 """
@@ -26,11 +26,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from planner import gpus as gpu_mod
 from planner.capacity import Failure
-from planner.errors import ConfigError
+from planner.errors import ConfigError, PeerLost, PeerStartFailed
 from planner.sweep.config import SweepSettings
 from planner.sweep.grid import Point
+from planner.sweep.point import point_server
 from planner.sweep.results import NodeRank
-from planner.sweep.run import point_server
 from planner.vllm_log import classify_failure, log_tail
 
 # Ray exposes a node's GPU model as the resource accelerator_type:<model> (value 1).
@@ -44,24 +44,6 @@ PING_TIMEOUT_S = 10.0
 # Beyond the server's own stop_grace_s: VllmServer.stop's own waits (up to 15 s after SIGKILL and
 # for its reaper) and the round trip to the actor.
 _STOP_SLACK_S = 20.0
-
-
-class PeerLost(Exception):
-    """A headless rank's node (or its actor) went away. The point's task raises it so that Ray
-    reruns the whole point ([executor] max_retries), as for rank 0's own node. Its second argument
-    is the end of rank 0's log, for the node_lost failure once no rerun is left."""
-
-    def __init__(self, message: str, log_tail: list[str] | None = None) -> None:
-        super().__init__(message, log_tail or [])
-        self.message = message
-        self.log_tail = log_tail or []
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class PeerStartFailed(Exception):
-    """A headless rank's server command could not be run at all (the point fails, no rerun)."""
 
 
 def rank_flags(rank: int, master_addr: str, master_port: int) -> list[str]:

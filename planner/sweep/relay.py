@@ -2,15 +2,15 @@
 
 On the node, a RelayObserver stands in for the driver's observers: it records each observer
 call, and each snapshot of the point's result, as plain data. The executor ships the batches
-(planner.sweep.ray_executor, through a Ray queue) and the driver replays them with `dispatch`.
+(planner.sweep.ray_node, through a Ray queue) and the driver replays them with `dispatch`.
 Nothing here knows about Ray.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
+from planner.sweep.observer import SweepObserver, SweepObservers
 from planner.sweep.results import PointResult
 from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
@@ -21,7 +21,7 @@ RESULT = "result"
 
 
 class RelayObserver:
-    """Implements replay.observer.ReplayObserver and the sweep's point_started, for one point."""
+    """A SweepObserver for one point on its node: it records every call as data."""
 
     def __init__(self) -> None:
         self._events: list[Event] = []
@@ -35,6 +35,9 @@ class RelayObserver:
 
     def point_placed(self, point_id: str, node: str, gpu_model: str | None) -> None:
         self._events.append(("point_placed", (point_id, node, gpu_model), {}))
+
+    def use_point(self, point_id: str) -> None:
+        """Not relayed: the driver tells its observers the point of every batch itself."""
 
     def step_started(self, load: LoadSpec) -> None:
         self._events.append(("step_started", (load,), {}))
@@ -59,20 +62,29 @@ class RelayObserver:
 
 
 def dispatch(
-    point_id: str, events: Iterable[Event], observers: Iterable[Any], on_result: Callable[[dict], None]
+    point_id: str, events: Iterable[Event], observers: Iterable[SweepObserver], on_result: Callable[[dict], None]
 ) -> None:
-    """Replay one point's events on the driver. Points run at once on a cluster, so an observer
-    that keeps per-point state is told which point each call belongs to (`use_point`)."""
-    observers = list(observers)
+    """Replay one point's events on the driver's observers, each through the SweepObserver method
+    it was recorded from. Points run at once on a cluster, so every observer is first told which
+    point the calls belong to (`use_point`)."""
+    fan = SweepObservers(*observers)
     for method, args, kwargs in events:
         if method == RESULT:
             on_result(*args)
             continue
-        for o in observers:
-            fn = getattr(o, method, None)
-            if fn is None:
-                continue
-            use_point = getattr(o, "use_point", None)
-            if use_point is not None:
-                use_point(point_id)
-            fn(*args, **kwargs)
+        fan.use_point(point_id)
+        match method:
+            case "point_started":
+                fan.point_started(*args)
+            case "point_placed":
+                fan.point_placed(*args)
+            case "step_started":
+                fan.step_started(*args)
+            case "request_sent":
+                fan.request_sent()
+            case "request_finished":
+                fan.request_finished(*args, **kwargs)
+            case "step_finished":
+                fan.step_finished(*args)
+            case _:
+                raise ValueError(f"relayed event {method!r} is no SweepObserver call")

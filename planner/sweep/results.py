@@ -1,13 +1,19 @@
-"""The sweep's results schema (sweep.json). Rewritten atomically after every point."""
+"""The sweep's results schema (sweep.json). Rewritten atomically as its points change."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 from planner.capacity import Capacity, Failure
-from replay.results import StepResult
+from planner.estimate import Estimate
+from replay import slo as slo_mod
+from replay.errors import SloSpecError
+from replay.results import StepResult, write_json_atomic
+
+RESULTS_FILE = "sweep.json"
 
 # 2: the run's corpus, vLLM version and GPUs moved from `settings` to `run` (RunInfo).
 SCHEMA_VERSION = 2
@@ -32,6 +38,14 @@ INFEASIBLE_KINDS = frozenset(
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class NotPredicted(_Model):
+    """Why a point has no estimate; sweep.json keeps it as the point's prediction ({"error": ...})."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str
 
 
 class NodeRank(_Model):
@@ -89,7 +103,8 @@ class PointResult(_Model):
     gpu_memory_peak_mib: dict[str, float] | None = None
     gpu_memory_headroom_mib: dict[str, float] | None = None
     # From `planner estimate` before launching (see planner.estimate); None when not predicted.
-    prediction: dict[str, Any] | None = None
+    # An older planner's estimate that no longer parses is kept as it was saved (the dict).
+    prediction: Estimate | NotPredicted | dict[str, Any] | None = None
     kv_cache_tokens_predicted: int | None = None
     kv_cache_tokens_relative_error: float | None = None
     log_path: str | None = None
@@ -110,6 +125,11 @@ class CorpusInfo(_Model):
     requests: int
 
 
+class CpuSplitInfo(_Model):
+    server: list[int]
+    client: list[int]
+
+
 class RunInfo(_Model):
     """What this run found rather than what it was told: the corpus, vLLM's version, the GPUs."""
 
@@ -117,18 +137,71 @@ class RunInfo(_Model):
     vllm_version: str | None = None
     gpus_found: list[str] = Field(default_factory=list)
     # When [cpus] pins: the CPUs the servers and the planner itself were given.
-    cpus_split: dict[str, list[int]] | None = None
+    cpus_split: CpuSplitInfo | None = None
 
 
 # Version 1 kept RunInfo's keys inside `settings`.
 _RUN_KEYS_IN_V1_SETTINGS = ("corpus", "vllm_version", "gpus_found")
 
 
+class _Saved(_Model):
+    """A section saved as given: any keys, written back in the order they came in (typed fields
+    would otherwise go first)."""
+
+    model_config = ConfigDict(extra="allow")
+    _order: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: Any) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._order = list(data)
+        return model
+
+    @model_serializer(mode="wrap")
+    def _in_saved_order(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        place = {k: i for i, k in enumerate(self._order)}
+        return dict(sorted(out.items(), key=lambda kv: place.get(kv[0], len(place))))
+
+
+class SavedServer(_Saved):
+
+    model: str | None = None
+
+
+class SavedSlo(_Saved):
+    """[slo] as saved: headroom and one bound per SLO key."""
+
+    headroom: float | None = None
+
+    def bounds(self) -> dict[str, float]:
+        """The SLO bounds, by key (those this planner knows; a file may come from another one)."""
+        out = {}
+        for key, bound in (self.model_extra or {}).items():
+            try:
+                slo_mod.check_key(key)
+            except SloSpecError:
+                continue
+            if isinstance(bound, int | float):
+                out[key] = float(bound)
+        return out
+
+
+class SavedSettings(_Saved):
+    """The sweep settings as saved (planner.sweep.config.public_settings): every section is kept;
+    those the report reads are typed."""
+
+    server: SavedServer = Field(default_factory=SavedServer)
+    slo: SavedSlo = Field(default_factory=SavedSlo)
+
+
 class SweepResults(_Model):
     schema_version: int = SCHEMA_VERSION
     started_at: str
     # The sweep settings as given (secrets replaced by "***"; see planner.sweep.config.public_settings).
-    settings: dict[str, Any]
+    settings: SavedSettings
     run: RunInfo = Field(default_factory=RunInfo)
     points: list[PointResult] = Field(default_factory=list)
     best: Best | None = None
@@ -142,3 +215,7 @@ class SweepResults(_Model):
         settings = dict(data["settings"])
         run = {k: settings.pop(k) for k in _RUN_KEYS_IN_V1_SETTINGS if k in settings}
         return {**data, "schema_version": SCHEMA_VERSION, "settings": settings, "run": run}
+
+
+def write_results(output_dir: Path, results: SweepResults) -> None:
+    write_json_atomic(output_dir / RESULTS_FILE, results.model_dump(mode="json"))

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from planner.launcher import ServerStartFailed, VllmServer
+from planner.errors import ServerStartFailed
+from planner.launcher import VllmServer
 from planner.vllm_log import cache_config_labels
 from tests.e2e.support import (
     CPU_BLOCK_SIZE,

@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from planner.errors import ServerStartError
-from planner.launcher import ServerStartFailed, VllmServer, group_alive
-from planner.redaction import redact
+from planner.errors import LaunchError, ServerStartFailed
+from planner.launcher import VllmServer, group_alive
 from planner.ports import free_port, port_is_free
+from planner.redaction import redact
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_VLLM = [sys.executable, str(REPO / "tests" / "fakes" / "fake_vllm.py")]
@@ -147,7 +147,7 @@ def test_crash_without_a_known_cause(tmp_path: Path) -> None:
 
 def test_missing_command_and_busy_port(tmp_path: Path) -> None:
     missing = VllmServer(["no-such-vllm-binary", "serve"], model="m", log_path=tmp_path / "a.log")
-    with pytest.raises(ServerStartError, match="cannot run the server command 'no-such-vllm-binary'"):
+    with pytest.raises(LaunchError, match="cannot run the server command 'no-such-vllm-binary'"):
         asyncio.run(missing.start())
 
     async def busy() -> None:
@@ -155,14 +155,14 @@ def test_missing_command_and_busy_port(tmp_path: Path) -> None:
         port = listener.sockets[0].getsockname()[1]
         try:
             server = fake_server(tmp_path, *SMALL_KV, port=port)
-            with pytest.raises(ServerStartError, match=f"port {port} on 127.0.0.1 is already in use"):
+            with pytest.raises(LaunchError, match=f"port {port} on 127.0.0.1 is already in use"):
                 await server.start()
         finally:
             listener.close()
             await listener.wait_closed()
 
     asyncio.run(busy())
-    with pytest.raises(ServerStartError, match="the server command is empty"):
+    with pytest.raises(LaunchError, match="the server command is empty"):
         VllmServer([], model="m", log_path=tmp_path / "b.log")
 
 

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from planner.cli import main
-from planner.commands.prompts import server_token_counts
 from replay.corpus import load_corpus
+from replay.corpus_stats import server_token_counts
 from tests.fakes.openai_server import Behavior, FakeServer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"

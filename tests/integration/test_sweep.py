@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
+from planner.sweep.config import load_settings
+from planner.sweep.grid import expand, fingerprint
 from planner.sweep.results import SweepResults
+from planner.sweep.run import previous_results
 from tests.fakes.sweep_files import FAKE_VLLM, ROOT, write_corpus
 from tests.integration.stopping import signal_and_wait
-
-
-
 
 
 def write_config(tmp_path: Path, *, kv_bytes: list[str], extra_env: dict | None = None, grid_env: str = "") -> Path:
@@ -195,9 +195,20 @@ def test_interrupted_sweep_keeps_finished_points_and_resume_reruns_only_the_rest
     assert resumed.points[0].model_dump() == interrupted.points[0].model_dump()  # reused, not rerun
     assert [p.status for p in resumed.points] == ["infeasible", "ok", "ok"]
 
-    # A changed SLO changes every fingerprint: nothing is reused.
+    # A changed SLO changes every fingerprint: nothing is reused (asked as --resume asks it).
+    def reusable_ids() -> list[str]:
+        settings = load_settings(cfg, {})
+        earlier = previous_results(out)
+        run = resumed.run
+        return [
+            p.id
+            for p in expand(settings)
+            if fingerprint(settings, p, corpus_sha256=run.corpus.sha256, vllm_version=run.vllm_version) in earlier
+        ]
+
+    assert reusable_ids() == [p.id for p in resumed.points]
     cfg.write_text(cfg.read_text().replace("tpot_p50_ms = 150", "tpot_p50_ms = 170"))
-    assert main(["sweep", "--config", str(cfg), "--output", str(out), "--resume", "--dry-run"]) == 0
+    assert reusable_ids() == []
 
 
 @pytest.mark.timeout(300)

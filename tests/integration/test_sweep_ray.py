@@ -25,15 +25,16 @@ import pytest
 from ray.cluster_utils import Cluster
 
 from planner.cli import main
-from planner.ports import free_port
 from planner.exporter import PlannerMetrics
+from planner.ports import free_port
 from planner.report import write_report
 from planner.sweep.config import load_settings
+from planner.sweep.results import SweepResults
 from planner.sweep.run import run_sweep
 from replay.corpus import load_corpus
-from tests.unit.test_exporter import value
-from planner.sweep.results import SweepResults
-from tests.fakes.sweep_files import ROOT, write_ray_sweep_config as write_config
+from tests.fakes.results import value
+from tests.fakes.sweep_files import ROOT
+from tests.fakes.sweep_files import write_ray_sweep_config as write_config
 from tests.integration.stopping import reap
 
 NODE = {"num_cpus": 2, "num_gpus": 2, "object_store_memory": 100 * 2**20}

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.commands.prompts import corpus_stats, render_stats
 from replay.corpus import load_corpus, request_text
+from replay.corpus_stats import corpus_stats, render_stats
 from replay.lengths import ESTIMATE_RULE, estimate_tokens
 
 ROOT = Path(__file__).resolve().parents[2]

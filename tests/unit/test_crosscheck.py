@@ -5,7 +5,7 @@ import pytest
 from replay.crosscheck import cross_check, itl_gaps_ms
 from replay.records import RequestRecord
 from replay.results import LatencySummary, ServerLatency, ServerSummary
-from tests.unit.test_slo import make_step
+from tests.fakes.results import make_step
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -21,7 +21,7 @@ DOCKER = Path(__file__).resolve().parents[2] / "docker"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "planner.json"
 DATASOURCE = DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
 
-# vLLM's metric names as exposed at /metrics (VLLM_FACTS.md, read from vLLM 0.32.0), sample names
+# vLLM's metric names as exposed at /metrics (vLLM 0.32.0; see tests/fixtures/vllm_metrics/), sample names
 # included: counters end in _total, histograms expose _bucket, _sum and _count.
 VLLM_GAUGES = (
     "vllm:num_requests_running",

@@ -16,7 +16,7 @@ from planner.estimate.units import parse_vllm_int
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 
 # Hidden 64, 2 layers, 4 heads, 2 KV heads (head_dim 16), bf16: the 256 KV bytes per token of
-# planner/tinymodel.py's model, which gets them from 1 KV head of head_dim 32.
+# scripts/tinymodel.py's model, which gets them from 1 KV head of head_dim 32.
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,

@@ -11,32 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from planner.errors import ConfigError
 from planner.exporter import PlannerMetrics
-from replay.records import RequestRecord
-from replay.results import ClientSummary, LatencySummary, LoadSpec, ServerSummary, StepResult
-
-
-def value(metrics: PlannerMetrics, name: str, **labels: str) -> float | None:
-    return metrics.registry.get_sample_value(name, labels)
-
-
-def record(ttft_s: float = 0.1, gaps_s: tuple[float, ...] = (0.02, 0.03), error: str | None = None) -> RequestRecord:
-    times = [10.0 + ttft_s]
-    for gap in gaps_s:
-        times.append(times[-1] + gap)
-    return RequestRecord(
-        request_id="r", send_s=10.0, end_s=times[-1] + 0.001, first_token_s=None if error else times[0],
-        token_times_s=[] if error else times, error=error,
-    )
-
-
-def finished_step(passed: bool) -> StepResult:
-    empty = LatencySummary()
-    return StepResult(
-        load=LoadSpec(mode="concurrency", value=4), started_at="2026-07-14T10:00:00Z", warmup_requests=0,
-        window_s=5.0, requests_ok=20, requests_failed=0, ttft_ms=empty, itl_ms=empty, tpot_ms=empty, e2e_ms=empty,
-        requests_per_s=4.0, input_tokens_per_s=None, output_tokens_per_s=321.0, tokens_source="usage",
-        server=ServerSummary(), client=ClientSummary(), slo_pass=passed,
-    )
+from replay.results import LoadSpec
+from tests.fakes.results import finished_step, record, value
 
 
 def test_observer_calls_update_the_series() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from planner.sweep.config import ExecutorSection
 from planner.sweep.grid import Point
-from planner.sweep.ray_executor import RayCluster
+from planner.sweep.ray_driver import RayExecutor
 
 NODES = [
     {"NodeID": "a" * 56, "Alive": True, "NodeManagerHostname": "gpu-a100",
@@ -19,8 +19,8 @@ def point(tp: int) -> Point:
     return Point(index=1, id=f"01-tp{tp}", config={"tensor_parallel_size": tp}, flags=[])
 
 
-def cluster(**executor) -> RayCluster:
-    return RayCluster(ExecutorSection(kind="ray", **executor), owns_connection=False, nodes=NODES)
+def cluster(**executor) -> RayExecutor:
+    return RayExecutor(ExecutorSection(kind="ray", **executor), owns_connection=False, nodes=NODES)
 
 
 def test_a_point_holds_its_gpus_cpus_and_what_the_selector_asks_for() -> None:

@@ -15,6 +15,7 @@ from planner.report import write_report
 from planner.report.load import load_results
 from planner.sweep.results import SweepResults
 from replay.results import ReplayResults
+from tests.fakes.results import sweep_fixture
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "results"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -31,10 +32,6 @@ def sweep_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[P
     """The fixture sweep rendered once (plots take seconds), with a fleet target."""
     out = _copy(tmp_path_factory.mktemp("report"), "sweep")
     return out, write_report(out, target_concurrency=200)
-
-
-def _sweep() -> SweepResults:
-    return SweepResults.model_validate_json((FIXTURES / "sweep" / "sweep.json").read_text())
 
 
 def _replay() -> ReplayResults:
@@ -78,7 +75,7 @@ def _check_png(path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_sweep_report_writes_every_file(sweep_report: tuple[Path, list[Path]]) -> None:
     out, paths = sweep_report
-    sweep = _sweep()
+    sweep = sweep_fixture()
     names = {p.name for p in paths}
     measured = [p for p in sweep.points if p.steps]
     expected = {"report.md", "report.html", "summary.csv", "throughput.png", "kv-cache.png", "safe-concurrency-heatmap.png", "kv-tokens.png"}
@@ -96,7 +93,7 @@ def test_sweep_report_writes_every_file(sweep_report: tuple[Path, list[Path]]) -
 
 def test_recommendation_comes_first_with_the_fixture_numbers(sweep_report: tuple[Path, list[Path]]) -> None:
     out, _ = sweep_report
-    sweep = _sweep()
+    sweep = sweep_fixture()
     report = (out / "report.md").read_text()
     best = next(p for p in sweep.points if p.id == sweep.best.point_id)
     assert report.index("## Recommendation") < report.index("## Every point")
@@ -115,7 +112,7 @@ def test_recommendation_comes_first_with_the_fixture_numbers(sweep_report: tuple
 
 def test_points_table_has_every_point(sweep_report: tuple[Path, list[Path]]) -> None:
     out, _ = sweep_report
-    sweep = _sweep()
+    sweep = sweep_fixture()
     table = _section((out / "report.md").read_text(), "Every point")
     header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
     for p in sweep.points:
@@ -135,7 +132,7 @@ def test_points_table_has_every_point(sweep_report: tuple[Path, list[Path]]) -> 
 
 def test_failures_carry_kind_and_the_largest_max_model_len_that_fits(sweep_report: tuple[Path, list[Path]]) -> None:
     out, _ = sweep_report
-    failed = next(p for p in _sweep().points if p.failure is not None)
+    failed = next(p for p in sweep_fixture().points if p.failure is not None)
     assert failed.failure.kind == "kv_too_small"
     row = _row(_section((out / "report.md").read_text(), "Failures"), failed.id)
     assert row[1] == "kv_too_small"
@@ -147,7 +144,7 @@ def test_failures_carry_kind_and_the_largest_max_model_len_that_fits(sweep_repor
 def test_measured_versus_estimated(sweep_report: tuple[Path, list[Path]]) -> None:
     out, _ = sweep_report
     section = _section((out / "report.md").read_text(), "Measured versus vLLM's start-up estimate")
-    for p in _sweep().points:
+    for p in sweep_fixture().points:
         if p.status != "ok":
             continue
         row = _row(section, p.id)
@@ -161,7 +158,7 @@ def test_measured_versus_estimated(sweep_report: tuple[Path, list[Path]]) -> Non
 
 def test_summary_csv_has_one_row_per_point_and_step(sweep_report: tuple[Path, list[Path]]) -> None:
     out, _ = sweep_report
-    sweep = _sweep()
+    sweep = sweep_fixture()
     with (out / "summary.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == sum(max(1, len(p.steps)) for p in sweep.points)
@@ -204,7 +201,7 @@ def test_fleet_sizing_in_the_report(sweep_report: tuple[Path, list[Path]]) -> No
     out, _ = sweep_report
     section = _section((out / "report.md").read_text(), "Fleet sizing")
     assert "Target: 200 concurrent requests." in section
-    feasible = [p for p in _sweep().points if p.status == "ok"]
+    feasible = [p for p in sweep_fixture().points if p.status == "ok"]
     for p in feasible:
         row = _row(section, p.id)
         replicas = -(-200 // p.safe_concurrency)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from planner.report.markdown import render
 from planner.report.view import build
-from tests.unit.test_report import _sweep
+from tests.fakes.results import sweep_fixture as _sweep
 
 
 def _rendered(models: list[str | None]) -> str:

@@ -1,6 +1,6 @@
-import pytest
-
 import random
+
+import pytest
 
 from replay.search import bracket, is_confirmed, knee_interval, next_probe
 

@@ -2,31 +2,8 @@ import pytest
 
 from replay import slo
 from replay.errors import SloSpecError
-from replay.results import ClientSummary, LatencySummary, LoadSpec, ServerLatency, ServerSummary, StepResult
-
-
-def make_step(**over) -> StepResult:
-    base = dict(
-        load=LoadSpec(mode="concurrency", value=4),
-        started_at="2026-01-01T00:00:00+00:00",
-        warmup_requests=4,
-        window_s=10.0,
-        requests_ok=99,
-        requests_failed=1,
-        ttft_ms=LatencySummary(mean=100, p50=90, p90=150, p95=180, p99=700, max=900),
-        itl_ms=LatencySummary(mean=20, p50=18, p90=30, p95=40, p99=55, max=80),
-        tpot_ms=LatencySummary(mean=20, p50=18, p90=30, p95=40, p99=50, max=60),
-        e2e_ms=LatencySummary(mean=2000, p50=1900, p90=3000, p95=3500, p99=4000, max=5000),
-        requests_per_s=10.0,
-        input_tokens_per_s=1000.0,
-        output_tokens_per_s=2000.0,
-        tokens_source="usage",
-        server=ServerSummary(metrics_available=True, kv_cache_usage_peak=0.5, preemptions=0, running_peak=4, waiting_peak=0),
-        client=ClientSummary(),
-        slo_pass=True,
-    )
-    base.update(over)
-    return StepResult(**base)
+from replay.results import LatencySummary, ServerLatency, ServerSummary
+from tests.fakes.results import make_step
 
 
 def test_parse_default_expression():

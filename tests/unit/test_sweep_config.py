@@ -1,9 +1,9 @@
 import pytest
 
 from planner.errors import ConfigError
+from planner.estimate import Verdict
 from planner.sweep.config import load_settings, public_settings
 from planner.sweep.grid import expand, fingerprint
-from planner.estimate import Verdict
 from planner.sweep.predict import should_skip
 from planner.vllm_args import fixed_flags
 
@@ -202,20 +202,6 @@ def test_sweep_replay_table_rejects_planned_loads(tmp_path):
         load_settings(write(tmp_path, BASE.replace("min_requests = 50", "min_requests = 50\nconcurrency = [4]\nfind_max = true")))
 
 
-def test_resume_keeps_pruned_points_only_while_pruning():
-    from planner.capacity import Failure
-    from planner.sweep.results import PointResult
-    from planner.sweep.run import _reusable
-
-    pruned = PointResult(id="p", config={}, command=[], status="predicted_infeasible", fingerprint="f",
-                         failure=Failure(kind="predicted_infeasible", message="m"))
-    assert _reusable(pruned, prune=True) and not _reusable(pruned, prune=False)
-    no_gpus = pruned.model_copy(update={"status": "infeasible", "failure": Failure(kind="world_size_too_large", message="m")})
-    assert not _reusable(no_gpus, prune=True)
-    refused_by_vllm = no_gpus.model_copy(update={"command": ["vllm", "serve"]})
-    assert _reusable(refused_by_vllm, prune=True)
-
-
 def test_server_view_slos_in_the_slo_table(tmp_path):
     text = BASE.replace("ttft_p99_ms = 800", "ttft_p99_ms = 800\nserver_ttft_p99_ms = 500\nserver_queue_p99_ms = 250")
     assert load_settings(write(tmp_path, text)).slo.rules() == {
@@ -247,8 +233,8 @@ resources = { nvlink = 0 }
 
 
 def test_executor_from_the_file_the_environment_and_the_flag(tmp_path, monkeypatch):
-    from planner.commands.sweep import overrides_from_args
     from planner.cli import build_parser
+    from planner.commands.sweep import overrides_from_args
 
     path = write(tmp_path, BASE + '\n[executor]\nkind = "local"\naddress = "ray://head:10001"\n[executor.node_selector]\ngpu_type = "H100"\n')
     settings = load_settings(path)

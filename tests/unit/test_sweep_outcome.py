@@ -1,6 +1,6 @@
-from planner.sweep.bound import concurrency_upper_bound, mean_blocks, request_blocks
-from planner.sweep.outcome import choose_best, output_tokens_per_s_at, safe_concurrency
 from planner.capacity import Failure
+from planner.sweep.bound import concurrency_upper_bound, mean_blocks, request_blocks
+from planner.sweep.outcome import choose_best, conclude, output_tokens_per_s_at, safe_concurrency
 from planner.sweep.results import PointResult
 from replay.results import ClientSummary, LatencySummary, LoadSpec, ServerSummary, StepResult
 
@@ -64,3 +64,41 @@ def test_a_tie_says_so():
     best = choose_best([point("a", 8, 100), point("b", 8, 100)])
     assert best.point_id == "a"
     assert best.others["b"].startswith("tied on safe concurrency")
+
+
+def _concluded(steps: list[StepResult], lo: int | None, hi: int | None, *, upper: int = 64, gpus: int = 2,
+               totals: dict[str, float] | None = None) -> PointResult:
+    r = PointResult(id="p", config={}, command=[], status="running", fingerprint="f", steps=steps)
+    conclude(r, lo, hi, upper=upper, limit="kv_capacity_bound", gpus=gpus, headroom=0.25,
+             gpu_totals_mib=totals if totals is not None else {"0": 81920.0, "1": 81920.0})
+    return r
+
+
+def test_conclude_takes_each_gpus_peak_over_the_steps_and_its_headroom_from_the_total():
+    a, b, c = step(4, True, 400.0), step(8, True, 700.0), step(16, False, 900.0)
+    a.gpu_memory_peak_mib = {"0": 70000.0, "1": 71000.0}
+    b.gpu_memory_peak_mib = {"0": 75000.5, "1": 69000.0}
+    # A step with no sample (the sampler had nothing to read) changes nothing.
+    c.gpu_memory_peak_mib = None
+    r = _concluded([a, b, c], 8, 16)
+    assert r.gpu_memory_peak_mib == {"0": 75000.5, "1": 71000.0}
+    assert r.gpu_memory_headroom_mib == {"0": 81920.0 - 75000.5, "1": 81920.0 - 71000.0}
+
+
+def test_conclude_leaves_headroom_out_for_a_gpu_of_unknown_total_and_memory_out_when_unsampled():
+    a = step(4, True, 400.0)
+    a.gpu_memory_peak_mib = {"0": 1000.0, "7": 2000.0}
+    r = _concluded([a], 4, None, totals={"0": 4096.0})
+    assert r.gpu_memory_peak_mib == {"0": 1000.0, "7": 2000.0}
+    assert r.gpu_memory_headroom_mib == {"0": 3096.0}
+    unsampled = _concluded([step(4, True, 400.0)], 4, None)
+    assert unsampled.gpu_memory_peak_mib is None and unsampled.gpu_memory_headroom_mib is None
+
+
+def test_conclude_sets_safe_concurrency_per_gpu_and_tokens_per_gpu():
+    r = _concluded([step(4, True, 400.0), step(8, True, 800.0), step(16, False, 900.0)], 8, 16)
+    assert r.status == "ok" and (r.max_passing_concurrency, r.min_failing_concurrency) == (8, 16)
+    assert r.safe_concurrency == 6  # floor(8 x 0.75)
+    assert r.gpus == 2 and r.safe_concurrency_per_gpu == 3.0
+    # 6 lies between the passing steps at 4 (400 tok/s) and 8 (800): 600 tok/s, 300 per GPU.
+    assert r.output_tokens_per_s_per_gpu == 300.0

@@ -12,7 +12,7 @@ from planner.progress import StepProgress
 from planner.sweep.relay import RelayObserver, dispatch
 from planner.sweep.results import PointResult
 from replay.results import LoadSpec
-from tests.unit.test_exporter import finished_step, record, value
+from tests.fakes.results import finished_step, record, value
 
 
 def events_of_one_point(point_id: str, requests: int) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import ServerStartError
+from planner.errors import LaunchError
 from planner.sweep.config import ServerSection
 from planner.vllm_args import flag_int, has_flag, take_api_key
 
@@ -26,7 +26,7 @@ def test_flag_int_takes_the_first_value():
 def test_take_api_key_removes_it_from_the_arguments():
     assert take_api_key(["--a", "--api-key", "k1", "--b"]) == (["--a", "--b"], "k1")
     assert take_api_key(["--api-key=k2"]) == ([], "k2")
-    with pytest.raises(ServerStartError, match="--api-key has no value"):
+    with pytest.raises(LaunchError, match="--api-key has no value"):
         take_api_key(["--api-key"])
 
 

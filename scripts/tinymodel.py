@@ -15,9 +15,9 @@ that a handful of long requests fill it. max_position_embeddings is 131072: this
 small, so prompts/prod.jsonl's longest requests take about 11,000 tokens here, and a sweep's
 max_model_len axis needs room above that to show a value whose KV need no pool of the demo meets.
 
-This file runs inside vLLM's own environment (`.venv-vllm/bin/python planner/tinymodel.py --out
-DIR`), where the planner's dependencies are not installed: the module level imports only the
-standard library and it imports no other planner module. torch, transformers and tokenizers are
+This file runs inside vLLM's own environment (`.venv-vllm/bin/python scripts/tinymodel.py --out
+DIR`, which scripts/build-tiny-model.sh runs), where the planner is not installed: the module
+level imports only the standard library and it imports no planner module. torch, transformers and tokenizers are
 imported inside the functions that need them.
 
 A finished folder holds build-info.json, written last. A second run with the same build
@@ -270,7 +270,7 @@ def _build_into(folder: Path, params: dict[str, Any]) -> dict[str, Any]:
         path.name: path.stat().st_size for path in sorted(folder.iterdir()) if path.is_file()
     }
     info = {
-        "builder": "planner.tinymodel",
+        "builder": "scripts/tinymodel.py",
         "builder_version": BUILDER_VERSION,
         "params": params,
         "kv_bytes_per_token": kv_bytes_per_token(params),

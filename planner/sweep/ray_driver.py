@@ -1,32 +1,27 @@
-"""Sweeps on a Ray cluster: every grid point is one Ray task on the node that holds its GPUs.
+"""Sweeps on a Ray cluster, the driver's side: every grid point is one Ray task on the node that
+holds its GPUs (the node's side: planner.sweep.ray_node).
 
     driver (planner sweep)                          node with the point's GPUs
     ----------------------                          --------------------------
-    placement group, STRICT_PACK:                   _point_on_node (a Ray task in that group):
+    placement group, STRICT_PACK:                   point_on_node (planner.sweep.ray_node, a Ray task):
       {GPU: tp x pp, CPU: cpus_per_point, ...}        CUDA_VISIBLE_DEVICES = the GPUs Ray assigned
       (nnodes > 1: one such bundle of tp x pp /       (nnodes > 1: vLLM's rank 0 here, and one
        nnodes GPUs per node, STRICT_SPREAD)            HeadlessRank actor per other bundle)
-    corpus, settings: ray.put once  ------------->    the point as run locally (run._run_point):
+    corpus, settings: ray.put once  ------------->    the point as run locally (point.run_point):
     relay queue (an actor on the driver's node) <--   vLLM on loopback, the same search, events and
-    sweep.json, rewritten as results come   <------   result snapshots; returns result + server log
+    sweep.json, rewritten as results come   <------   result snapshots; returns a NodeResult
 
 Ray does the scheduling (placement groups wait for free GPUs), the retries (`max_retries` of a
 task whose node or worker died; `retry_exceptions=[PeerLost]`, raised when another node of a
-point across nodes was lost, so a point that failed on its own is never rerun) and the cancelling (`ray.cancel(force=True)` kills the task's worker; the
-launcher's reaper on that node then stops the vLLM server).
+point across nodes was lost, so a point that failed on its own is never rerun) and the cancelling (`ray.cancel(force=True)` kills
+the task's worker; the launcher's reaper on that node then stops the vLLM server).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import shutil
 import signal
-import socket
-import tempfile
-from pathlib import Path
-from typing import Any
 
 import ray
 from ray.exceptions import RayError, RayTaskError, TaskCancelledError
@@ -34,48 +29,36 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.queue import Queue
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from planner.errors import ConfigError
-from planner.ports import free_port
-from planner.sweep.config import ExecutorSection, SweepSettings
+from planner.capacity import Failure
+from planner.errors import ConfigError, PeerLost
+from planner.gpus import Gpu
+from planner.sweep.config import ExecutorSection
+from planner.sweep.executor import SweepContext, Todo
 from planner.sweep.grid import Point
 from planner.sweep.observer import SweepObservers
-from planner.sweep.ray_ranks import (
-    ACCELERATOR_PREFIX,
-    HeadlessRanks,
-    PeerLost,
-    PeerStartFailed,
-    accelerator_type,
-    local_gpus,
-    node_models,
-    rank_flags,
-    rank_log_path,
-)
-from planner.sweep.relay import RelayObserver, dispatch
-from planner.sweep.results import INFEASIBLE_KINDS, Failure, NodeRank, PointResult, SweepResults
-from planner.sweep.run import SweepContext, _now, _record_prediction_error, _run_point
-from planner.vllm_log import log_tail
-from replay.corpus import Corpus
+from planner.sweep.outcome import interrupted
+from planner.sweep.point import record_prediction_error
+from planner.sweep.ray_node import NodeResult, point_on_node
+from planner.sweep.ray_ranks import ACCELERATOR_PREFIX, node_models
+from planner.sweep.relay import dispatch
+from planner.sweep.results import PointResult
 
 # A point asks for a sliver of it, which is enough to be placed only where it exists.
 ACCELERATOR_AMOUNT = 0.001
 # Every Ray cluster's head node has this resource (value 1).
 HEAD_RESOURCE = "node:__internal_head__"
 HEAD_AMOUNT = 0.001
-# How often a node sends its point's events to the driver.
-RELAY_EVERY_S = 0.25
-# Rank 0's failures that say only that it stopped, not why (another rank may know).
-_WENT_DOWN_WITH_ANOTHER = frozenset({"interrupted", "server_died", "crashed", "timeout", "replay_error"})
 # Lines of a Ray error kept in a failure message (its tracebacks run long).
 _ERROR_LINES = 6
 
 
-def _short(exc: BaseException) -> str:
+def short_error(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: " + " ".join(lines[:_ERROR_LINES])
 
 
-class RayCluster:
-    """The driver's side: a connection to the cluster and the points running on it."""
+class RayExecutor:
+    """The driver's side: a connection to the cluster and the points running on it (an Executor)."""
 
     def __init__(self, executor: ExecutorSection, *, owns_connection: bool, nodes: list[dict] | None = None) -> None:
         self.executor = executor
@@ -84,7 +67,7 @@ class RayCluster:
         self.nodes = [n for n in (ray.nodes() if nodes is None else nodes) if n.get("Alive")]
 
     @classmethod
-    def connect(cls, executor: ExecutorSection) -> RayCluster:
+    def connect(cls, executor: ExecutorSection) -> RayExecutor:
         if ray.is_initialized():
             # A caller (a notebook, a test) already holds a connection: use it, leave it open.
             return cls(executor, owns_connection=False)
@@ -95,7 +78,7 @@ class RayCluster:
             ray.init(address=executor.address, runtime_env=executor.runtime_env, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise ConfigError(
-                f"[executor] address {executor.address!r}: cannot connect to a Ray cluster ({_short(exc)}); start one"
+                f"[executor] address {executor.address!r}: cannot connect to a Ray cluster ({short_error(exc)}); start one"
                 " with `ray start --head` (and `ray start --address HEAD:6379` on the other nodes), or give its"
                 " address (HOST:PORT, ray://HOST:10001)"
             ) from None
@@ -108,6 +91,10 @@ class RayCluster:
     def close(self) -> None:
         if self._owns_connection and ray.is_initialized():
             ray.shutdown()
+
+    def inventory(self) -> list[Gpu]:
+        # This machine's GPUs are not the ones points run on.
+        return []
 
     # -- placement ------------------------------------------------------------------------------
 
@@ -150,13 +137,14 @@ class RayCluster:
 
     # -- running --------------------------------------------------------------------------------
 
-    async def run(self, ctx: SweepContext, todo: list[tuple[Point, PointResult]]) -> None:
+    async def run(self, ctx: SweepContext, todo: Todo) -> None:
         if not todo:
             return
+        shared = ctx.shared
         # On the head node (Ray's node:__internal_head__ resource), so the relay does not go down
         # with a node that runs points; the driver itself may be attached to any node.
         relay = Queue(actor_options={"num_cpus": 0, "resources": {HEAD_RESOURCE: HEAD_AMOUNT}})
-        settings_ref, corpus_ref = ray.put(ctx.settings), ray.put(ctx.corpus)
+        settings_ref, corpus_ref = ray.put(shared.settings), ray.put(shared.corpus)
         by_id = {point.id: result for point, result in todo}
         finished: set[str] = set()
         groups: list[PlacementGroup] = []
@@ -168,7 +156,7 @@ class RayCluster:
             group = placement_group([bundle] * point.nnodes, strategy="STRICT_PACK" if point.nnodes == 1 else "STRICT_SPREAD")
             groups.append(group)
             refs.append(
-                _point_on_node.options(
+                point_on_node.options(
                     num_gpus=point.gpus_per_node,
                     num_cpus=cpus,
                     resources={k: v for k, v in bundle.items() if k not in ("GPU", "CPU")},
@@ -186,7 +174,7 @@ class RayCluster:
                     _adopt(by_id[point_id], snapshot)
                     ctx.save()
 
-            dispatch(point_id, events, ctx.observers, adopt)
+            dispatch(point_id, events, shared.observers, adopt)
 
         draining = asyncio.create_task(_drain(relay, on_events))
         try:
@@ -218,15 +206,15 @@ class RayCluster:
         result: PointResult,
         finished: set[str],
     ) -> None:
+        shared = ctx.shared
         try:
-            out = await ref
+            out: NodeResult = await ref
         except asyncio.CancelledError:
             if result.status == "running":
-                result.status = "failed"
-                result.failure = Failure(kind="interrupted", message="the sweep was interrupted during this point")
+                result.status, result.failure = "failed", interrupted()
             raise
         except TaskCancelledError as exc:
-            result.status, result.failure = "failed", Failure(kind="interrupted", message=_short(exc))
+            result.status, result.failure = "failed", interrupted(short_error(exc))
         except RayTaskError as exc:
             result.status = "failed"
             if isinstance(exc.cause, PeerLost):
@@ -238,36 +226,36 @@ class RayCluster:
                 )
             else:
                 # The point's own code lets nothing escape but a bug in the planner.
-                result.failure = Failure(kind="planner_error", message=_short(exc), log_tail=str(exc).splitlines()[-20:])
+                result.failure = Failure(kind="planner_error", message=short_error(exc), log_tail=str(exc).splitlines()[-20:])
         except RayError as exc:
             result.status = "failed"
             result.failure = Failure(
                 kind="node_lost",
                 message=f"lost with its node or worker {self.executor.max_retries + 1} time(s)"
-                f" ([executor] max_retries = {self.executor.max_retries}): {_short(exc)}",
+                f" ([executor] max_retries = {self.executor.max_retries}): {short_error(exc)}",
             )
         else:
-            _adopt(result, out["result"])
-            logs = {result.log_path: out["server_log"]}
-            logs.update({r.log_path: out["rank_logs"].get(r.rank) for r in result.ranks if r.rank > 0})
+            _adopt(result, out.result)
+            logs = {result.log_path: out.server_log}
+            logs.update({r.log_path: out.rank_logs.get(r.rank) for r in result.ranks if r.rank > 0})
             for path, content in logs.items():
                 if path and content is not None:
-                    log = ctx.output_dir / path
+                    log = shared.output_dir / path
                     log.parent.mkdir(parents=True, exist_ok=True)
                     log.write_bytes(content)
         finally:
             # The group holds its GPUs until removed: the next waiting point gets them now.
             _release(group)
             # Only logs that came back are pointed at (not those of a lost or interrupted attempt).
-            if result.log_path and not (ctx.output_dir / result.log_path).is_file():
+            if result.log_path and not (shared.output_dir / result.log_path).is_file():
                 result.log_path = None
             for r in result.ranks:
-                if r.log_path and not (ctx.output_dir / r.log_path).is_file():
+                if r.log_path and not (shared.output_dir / r.log_path).is_file():
                     r.log_path = None
             finished.add(point.id)
-            _record_prediction_error(result)
+            record_prediction_error(result)
             ctx.save()
-        SweepObservers(*ctx.observers).point_finished(point.id, result.safe_concurrency_per_gpu)
+        SweepObservers(*shared.observers).point_finished(point.id, result.safe_concurrency_per_gpu)
 
 
 def _release(group: PlacementGroup) -> None:
@@ -275,9 +263,10 @@ def _release(group: PlacementGroup) -> None:
         remove_placement_group(group)
 
 
-def _adopt(result: PointResult, snapshot: dict) -> None:
-    """Take over what a node reported, in place (the sweep's list holds this object)."""
-    fresh = PointResult.model_validate(snapshot)
+def _adopt(result: PointResult, reported: PointResult | dict) -> None:
+    """Take over what a node reported (its result, or a snapshot of it relayed as plain data), in
+    place: the sweep's list holds this object."""
+    fresh = reported if isinstance(reported, PointResult) else PointResult.model_validate(reported)
     for name in PointResult.model_fields:
         setattr(result, name, getattr(fresh, name))
 
@@ -309,169 +298,3 @@ async def _stop_draining(relay: Queue, draining: asyncio.Task) -> None:
             draining.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await draining
-
-
-# -- on the node ---------------------------------------------------------------------------------
-
-
-class _NodeContext(SweepContext):
-    """The point's context on its node: saving sends the result to the driver, which owns sweep.json."""
-
-    relay: RelayObserver | None = None
-
-    def save(self) -> None:
-        if self.relay is not None:
-            self.relay.result(self.results.points[0])
-
-
-async def _send(relay: Queue, point_id: str, observer: RelayObserver) -> None:
-    events = observer.take()
-    if events:
-        try:
-            await relay.put_async((point_id, events))
-        except RayError:
-            pass  # the driver is gone; the point's result still travels back as the task's return value
-
-
-async def _on_node(settings: SweepSettings, corpus: Corpus, point: Point, result: PointResult, relay: Queue) -> dict[str, Any]:
-    runtime = ray.get_runtime_context()
-    gpu_ids = tuple(str(g) for g in runtime.get_accelerator_ids().get("GPU", []))
-    workdir = Path(tempfile.mkdtemp(prefix=f"planner-point-{point.id}-"))
-    observer = RelayObserver()
-    # A retried point starts over: nothing of the attempt its node took down is kept.
-    result = PointResult.model_validate(
-        {
-            **result.model_dump(),
-            "steps": [],
-            "ranks": [],
-            "node_id": runtime.get_node_id(),
-            "node_hostname": socket.gethostname(),
-        }
-    )
-    inventory = local_gpus(gpu_ids)
-    result.gpu_model = ", ".join(sorted({g.name for g in inventory})) or accelerator_type(result.node_id)
-    ctx = _NodeContext(
-        settings=settings,
-        corpus=corpus,
-        output_dir=workdir,
-        results=SweepResults(started_at=_now(), settings={}, points=[result]),
-        observers=[observer],
-        gpu_inventory=inventory,
-    )
-    ctx.relay = observer
-    observer.point_placed(point.id, result.node_hostname, result.gpu_model)
-
-    async def pump() -> None:
-        while True:
-            await asyncio.sleep(RELAY_EVERY_S)
-            await _send(relay, point.id, observer)
-
-    pumping = asyncio.create_task(pump())
-    rank_logs: dict[int, bytes] = {}
-    try:
-        if point.nnodes == 1:
-            await _run_point(ctx, point, result, gpu_ids)
-        else:
-            rank_logs = await _across_nodes(ctx, point, result, gpu_ids)
-        log = workdir / (result.log_path or "")
-        server_log = log.read_bytes() if result.log_path and log.is_file() else None
-    finally:
-        pumping.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pumping
-        await _send(relay, point.id, observer)
-        shutil.rmtree(workdir, ignore_errors=True)
-    return {"result": result.model_dump(mode="json"), "server_log": server_log, "rank_logs": rank_logs}
-
-
-async def _across_nodes(ctx: _NodeContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...]) -> dict[int, bytes]:
-    """Rank 0 of a point vLLM spreads over nodes: the headless ranks first (they wait for rank 0),
-    then the point as on one node. A headless rank whose vLLM exits ends the point; one whose node
-    is lost reruns it (PeerLost)."""
-    master_addr = ray.util.get_node_ip_address()
-    master_port = free_port(master_addr)
-    peers = HeadlessRanks(ctx.settings, point, master_addr, master_port)
-    rank0 = NodeRank(
-        rank=0,
-        node_id=result.node_id,
-        node_hostname=result.node_hostname,
-        gpu_ids=list(gpu_ids),
-        gpu_model=result.gpu_model,
-        log_path=result.log_path,
-    )
-    try:
-        try:
-            others = await peers.start()
-        except PeerStartFailed as exc:
-            result.status, result.failure = "failed", Failure(kind="crashed", message=str(exc))
-            return {}
-        result.ranks = [rank0, *others]
-        for r in others:
-            r.log_path = rank_log_path(point.id, r.rank)
-        result.gpu_model = _models(result.ranks)
-        ctx.save()
-        as_rank0 = dataclasses.replace(point, flags=[*point.flags, *rank_flags(0, master_addr, master_port)])
-        not_ready = result.capacity  # replaced by the server's own once rank 0 is ready
-        measuring = asyncio.create_task(_run_point(ctx, as_rank0, result, gpu_ids))
-        watching = asyncio.create_task(peers.first_exit())
-        await asyncio.wait({measuring, watching}, return_when=asyncio.FIRST_COMPLETED)
-        ready = result.capacity is not not_ready
-        ended = None
-        if not measuring.done():
-            # Another rank ended first (vLLM's ranks never end because rank 0 did): the engine is
-            # broken, so rank 0 stops measuring now rather than time requests against it.
-            ended = watching.result()
-            measuring.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await measuring
-        elif watching.done():
-            ended = watching.result()
-        else:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
-            if _went_down(result):
-                # Rank 0 failed without saying why: whether another rank went first, ask them.
-                ended = await peers.check()
-        if not measuring.cancelled():
-            measuring.result()  # a bug of the planner's goes on up
-        if ended is None:
-            return peers.logs
-        rank, exit_code, lost = ended
-        if lost is not None:
-            raise PeerLost(f"rank {rank.rank} on {rank.node_hostname}: {lost}", log_tail(_read(ctx, result.log_path)))
-        if _went_down(result):
-            # The rank that ended first has the cause in its log; what rank 0 then did follows.
-            own = result.failure
-            await peers.stop()
-            failure = peers.failure(rank, exit_code, ready=ready)
-            if own is not None and own.kind != "interrupted":
-                failure.message += f"; then rank 0: {own.message}"
-            result.status = "infeasible" if failure.kind in INFEASIBLE_KINDS else "failed"
-            result.failure = failure
-        return peers.logs
-    finally:
-        await peers.stop()
-        rank0.log_path = result.log_path
-        if result.ranks:
-            # Every node's model (the point's run set rank 0's alone).
-            result.gpu_model = _models(result.ranks)
-        ctx.save()
-
-
-def _read(ctx: SweepContext, relative: str | None) -> str:
-    path = ctx.output_dir / (relative or "")
-    return path.read_text(errors="replace") if relative and path.is_file() else ""
-
-
-def _went_down(result: PointResult) -> bool:
-    return result.status != "ok" and (result.failure is None or result.failure.kind in _WENT_DOWN_WITH_ANOTHER)
-
-
-def _models(ranks: list[NodeRank]) -> str | None:
-    return ", ".join(sorted({r.gpu_model for r in ranks if r.gpu_model})) or None
-
-
-@ray.remote
-def _point_on_node(settings: SweepSettings, corpus: Corpus, point: Point, result: PointResult, relay: Queue) -> dict[str, Any]:
-    return asyncio.run(_on_node(settings, corpus, point, result, relay))

@@ -1,0 +1,337 @@
+"""One grid point's life, wherever it runs: its vLLM server, the search for its highest passing
+concurrency, and how it ended, written into its PointResult.
+
+    run_point(ctx, point, result, gpu_ids, save=...)
+      point_server(...)          the point's vLLM command, env and GPUs
+      PointRunner.run            start it; on failure classify why (status, failure)
+        _search_bound            tokenize the corpus once, size the search's ceiling from the KV capacity
+        _search                  Replay.search between start_concurrency and the ceiling
+        outcome.conclude         max passing, safe concurrency, knee, GPU memory peaks
+
+Both executors call `run_point`: the local one (planner.sweep.local) with a `save` that rewrites
+sweep.json, the Ray node (planner.sweep.ray_node) with one that sends the result to the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import traceback
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from planner import cpus as cpus_mod
+from planner import gpus as gpu_mod
+from planner.capacity import Failure
+from planner.errors import ServerStartFailed
+from planner.estimate import kv_tokens_relative_error
+from planner.launcher import VllmServer
+from planner.sweep.bound import concurrency_upper_bound, mean_blocks
+from planner.sweep.config import SweepSettings
+from planner.sweep.grid import Point
+from planner.sweep.observer import SweepObserver, SweepObservers
+from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, conclude, ended_status, interrupted
+from planner.sweep.results import PointResult
+from planner.vllm_log import log_tail
+from replay.client import METRICS_CONNECTIONS, StreamingClient
+from replay.corpus import Corpus
+from replay.errors import ReplayError, StepAborted
+from replay.observer import Observers
+from replay.results import StepResult
+from replay.search import bracket
+from replay.session import Replay
+from replay.tokens import TOKENIZE_WORKERS, token_counts
+
+# vLLM completions' default max_tokens, used to size requests that ask for none.
+VLLM_DEFAULT_MAX_TOKENS = 16
+
+# Saves the point's result where its sweep keeps it (sweep.json, or the driver across Ray).
+Save = Callable[[], None]
+
+
+@dataclass
+class PointContext:
+    """What every point of a sweep shares, on the machine where it runs."""
+
+    settings: SweepSettings
+    corpus: Corpus
+    # Where the point's server logs go (points/ID/server.log under it).
+    output_dir: Path
+    observers: list[SweepObserver] = field(default_factory=list)
+    gpu_inventory: list[gpu_mod.Gpu] = field(default_factory=list)
+    # Token counts depend only on the model's tokenizer: measured once, shared by every point.
+    prompt_tokens: list[int] | None = None
+    # The server's and the planner's CPUs when [cpus] client pins them apart.
+    cpus: cpus_mod.CpuSplit | None = None
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def point_server(
+    settings: SweepSettings,
+    point: Point,
+    *,
+    log_path: Path,
+    gpu_ids: tuple[str, ...],
+    port: int | None = None,
+    cpus: cpus_mod.CpuSplit | None = None,
+    extra_args: tuple[str, ...] = (),
+    headless: bool = False,
+) -> VllmServer:
+    """The vLLM server of one point (or of one headless rank of it): [server]'s command, args and
+    env, then the point's flags and env axes."""
+    s = settings.server
+    env = {**s.env, **point.env}
+    if cpus is not None:
+        env.setdefault(cpus_mod.BIND_ENV, cpus.bind_env())
+    return VllmServer(
+        s.command,
+        model=s.model,
+        log_path=log_path,
+        host=s.host,
+        port=port,
+        args=[*s.args, *point.flags, *extra_args],
+        env=env,
+        api_key=s.api_key.get_secret_value() if s.api_key else None,
+        startup_timeout_s=s.startup_timeout_s,
+        stop_grace_s=s.stop_grace_s,
+        cuda_visible_devices=gpu_mod.cuda_visible_devices(gpu_ids) if gpu_ids else None,
+        cpus=cpus.server if cpus is not None else None,
+        headless=headless,
+    )
+
+
+def log_path(point_id: str) -> Path:
+    """A point's server log, relative to the results folder."""
+    return Path("points") / point_id / "server.log"
+
+
+async def run_point(
+    ctx: PointContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...], *, save: Save
+) -> None:
+    """Run one point on `gpu_ids`, filling in `result` and calling `save` as it changes. Only a
+    cancel escapes (with the result marked interrupted); every other failure is the point's."""
+    observer = SweepObservers(*ctx.observers)
+    observer.point_started(point.id, point.config, ctx.settings.server.model)
+    result.started_at = now()
+    result.gpu_ids = list(gpu_ids)
+    models = sorted({g.name for g in ctx.gpu_inventory if g.index in gpu_ids})
+    result.gpu_model = ", ".join(models) or result.gpu_model
+    try:
+        await PointRunner(ctx, point, result, gpu_ids, save=save).run()
+    finally:
+        observer.point_finished(point.id, result.safe_concurrency_per_gpu)
+
+
+def record_prediction_error(result: PointResult) -> None:
+    """Once a point has ended: how far the estimate's KV tokens were from the server's own."""
+    result.kv_cache_tokens_relative_error = kv_tokens_relative_error(
+        result.kv_cache_tokens_predicted, result.capacity.kv_cache_tokens
+    )
+
+
+def output_tokens(req, settings: SweepSettings, prompt_tokens: int, max_model_len: int | None) -> int:
+    """The output tokens a request asks for, as the server will generate them."""
+    if req.max_tokens is not None:
+        return req.max_tokens
+    if settings.replay.max_tokens is not None:
+        return settings.replay.max_tokens
+    if settings.replay.api == "chat" and max_model_len is not None:
+        # Chat without max_tokens may generate up to the rest of the context.
+        return max(0, max_model_len - prompt_tokens)
+    return VLLM_DEFAULT_MAX_TOKENS
+
+
+class PointRunner:
+    def __init__(
+        self, ctx: PointContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...], *, save: Save
+    ) -> None:
+        self.ctx = ctx
+        self.point = point
+        self.result = result
+        self.gpu_ids = gpu_ids
+        self.save = save
+
+    def _on_step(self, step: StepResult) -> None:
+        self.result.steps.append(step)
+        self.save()
+
+    def _server(self) -> VllmServer:
+        return point_server(
+            self.ctx.settings,
+            self.point,
+            log_path=self.ctx.output_dir / log_path(self.point.id),
+            gpu_ids=self.gpu_ids,
+            port=self.ctx.settings.server.port or None,
+            cpus=self.ctx.cpus,
+        )
+
+    async def run(self) -> None:
+        r = self.result
+        server = self._server()
+        r.command = server.command_for_record
+        r.log_path = str(log_path(self.point.id))
+        start = time.perf_counter()
+        r.status = "running"
+        self.save()
+        try:
+            async with server:
+                r.capacity = server.capacity
+                r.vllm_version = server.vllm_version
+                r.command = server.command_for_record
+                await self._measure(server)
+        except ServerStartFailed as exc:
+            r.status = ended_status(exc.failure)
+            r.failure = exc.failure
+            r.command = server.command_for_record
+        except ReplayError as exc:
+            if not server.alive():
+                # It died before the search began (while the corpus was being tokenized, say).
+                self._server_died(server)
+            else:
+                # The server runs but cannot be replayed against (it rejects the key, serves
+                # another model, ...): this point failed; the sweep goes on.
+                r.status = "failed"
+                r.failure = Failure(kind="replay_error", message=str(exc), log_tail=log_tail(server.read_log()))
+        except asyncio.CancelledError:
+            r.status = "failed"
+            r.failure = interrupted()
+            raise
+        except Exception as exc:  # a bug or an unforeseen answer must cost one point, not the sweep
+            r.status = "failed"
+            r.failure = Failure(
+                kind="planner_error",
+                message=f"{type(exc).__name__}: {exc}",
+                log_tail=log_tail(traceback.format_exc()),
+            )
+        finally:
+            r.duration_s = round(time.perf_counter() - start, 1)
+            self.save()
+
+    def _client(self, server: VllmServer, max_connections: int) -> StreamingClient:
+        settings = self.ctx.settings
+        return StreamingClient(
+            server.url,
+            model=None,
+            api=settings.replay.api,
+            api_key=settings.server.api_key.get_secret_value() if settings.server.api_key else None,
+            max_connections=max_connections,
+            request_timeout_s=settings.replay.request_timeout_s,
+            ignore_eos=settings.replay.ignore_eos,
+            default_max_tokens=settings.replay.max_tokens,
+            extra_body=settings.replay.extra_body,
+        )
+
+    async def _search_bound(self, server: VllmServer) -> tuple[int | None, str | None]:
+        """The search's ceiling and what set it (None when the server reported no capacity and no
+        [replay] max_concurrency caps it)."""
+        ctx, r, settings = self.ctx, self.result, self.ctx.settings
+        cap = r.capacity
+        async with self._client(server, TOKENIZE_WORKERS + 1) as client:
+            await client.check()
+            if ctx.prompt_tokens is None:
+                ctx.prompt_tokens = await token_counts(client, ctx.corpus.requests)
+        upper, limit = None, None
+        if cap.kv_cache_tokens and cap.block_size:
+            max_model_len = cap.max_model_len or self.point.config.get("max_model_len")
+            lengths = [
+                (p, output_tokens(req, settings, p, max_model_len))
+                for req, p in zip(ctx.corpus.requests, ctx.prompt_tokens)
+            ]
+            r.mean_blocks_per_request = round(
+                mean_blocks(lengths, block_size=cap.block_size, max_model_len=max_model_len), 3
+            )
+            upper = concurrency_upper_bound(
+                kv_cache_tokens=cap.kv_cache_tokens,
+                block_size=cap.block_size,
+                mean_blocks_per_request=r.mean_blocks_per_request,
+                max_concurrency_reported=cap.max_concurrency_reported,
+            )
+            limit = UPPER_BOUND_CONSTRAINT
+        cap_n = settings.replay.max_concurrency
+        if cap_n is not None and (upper is None or cap_n < upper):
+            upper, limit = cap_n, "max_concurrency"
+        return upper, limit
+
+    def _search(self, replay: Replay, upper: int) -> Coroutine[Any, Any, tuple[int | None, int | None]]:
+        """The point's search, from [replay] start_concurrency up to the ceiling `upper`: returns
+        (highest passing, lowest failing) concurrency."""
+        return replay.search(start=min(self.ctx.settings.replay.start_concurrency, upper), upper=upper)
+
+    async def _measure(self, server: VllmServer) -> None:
+        ctx, r, settings = self.ctx, self.result, self.ctx.settings
+        upper, limit = await self._search_bound(server)
+        r.concurrency_upper_bound = upper
+        self.save()
+        if upper is None:
+            r.status = "failed"
+            r.failure = Failure(
+                kind="no_capacity",
+                message="the server reported no KV-cache capacity (log or vllm:cache_config_info), so the"
+                " search has no upper bound; set [replay] max_concurrency",
+                log_tail=log_tail(server.read_log()),
+            )
+            return
+        # GPUs known to nvidia-smi only: a Ray node may declare GPUs it has no nvidia-smi for.
+        monitor: Callable[[], gpu_mod.GpuMemorySampler] | None = (
+            (lambda: gpu_mod.GpuMemorySampler(list(self.gpu_ids))) if self.gpu_ids and ctx.gpu_inventory else None
+        )
+        # A connection for every request in flight at the bound, and spare ones for /metrics.
+        async with self._client(server, upper + METRICS_CONNECTIONS) as client:
+            replay = Replay(
+                client,
+                ctx.corpus,
+                settings.replay,
+                settings.slo.rules(),
+                observer=Observers(*ctx.observers),
+                on_step=self._on_step,
+                step_monitor=monitor,
+            )
+            search = asyncio.create_task(self._search(replay, upper))
+            died = asyncio.create_task(server.wait_exit())
+            server_died = False
+            try:
+                await asyncio.wait({search, died}, return_when=asyncio.FIRST_COMPLETED)
+                server_died = died.done()
+                if server_died:
+                    # Let the step in flight wind down on its own; its requests fail fast now.
+                    replay.abort.set()
+                    with contextlib.suppress(StepAborted):
+                        await search
+            finally:
+                for task in (search, died):
+                    if not task.done():
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
+            if server_died or not server.alive():
+                self._server_died(server)
+                return
+            lo, hi = search.result()
+        conclude(
+            r,
+            lo,
+            hi,
+            upper=upper,
+            limit=limit,
+            gpus=self.point.gpus,
+            headroom=settings.slo.headroom,
+            gpu_totals_mib={g.index: g.memory_total_mib for g in ctx.gpu_inventory},
+        )
+
+    def _server_died(self, server: VllmServer) -> None:
+        self.result.status = "failed"
+        self.result.failure = Failure(
+            kind="server_died",
+            message=f"the server exited with code {server.exit_code} during the replay",
+            exit_code=server.exit_code,
+            log_tail=log_tail(server.read_log()),
+        )
+        history = [(int(s.load.value), s.slo_pass) for s in self.result.steps if s.load.mode == "concurrency"]
+        self.result.max_passing_concurrency = bracket(history).max_passing

@@ -1,0 +1,114 @@
+"""What a corpus holds before it is replayed: request forms, categories, and token-length
+percentiles of inputs, outputs (max_tokens) and both. Input lengths come from the server's own
+/tokenize (chat template included) or, without a server, from an estimate
+(replay.lengths.ESTIMATE_RULE) that every output names."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from replay.client import StreamingClient
+from replay.corpus import Corpus
+from replay.tokens import token_counts
+
+TOKENIZE_CONCURRENCY = 16
+NO_CATEGORY = "(none)"
+
+
+@dataclass
+class TokenSummary:
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    mean: float
+
+    @classmethod
+    def of(cls, values: list[int]) -> TokenSummary | None:
+        if not values:
+            return None
+        arr = np.asarray(values, dtype=float)
+        # numpy's default (linear) interpolation, as replay.stats uses for latencies.
+        p50, p90, p99 = np.percentile(arr, (50, 90, 99))
+        # Two decimals: token counts are integers, so more digits are interpolation noise.
+        return cls(*(round(float(v), 2) for v in (p50, p90, p99, arr.max(), arr.mean())))
+
+
+def corpus_stats(corpus: Corpus, input_tokens: list[int], tokens: dict[str, Any]) -> dict[str, Any]:
+    """The figures `prompts stats` shows, as JSON-ready data; input_tokens[i] belongs to request i."""
+    reqs = corpus.requests
+    forms = {"prompt": sum(r.prompt is not None for r in reqs), "messages": sum(r.messages is not None for r in reqs)}
+    categories: dict[str, int] = {}
+    if any("category" in r.extra for r in reqs):
+        counts = Counter(str(r.extra.get("category", NO_CATEGORY)) for r in reqs)
+        # Largest first; requests without a category come last whatever their count.
+        categories = dict(sorted(counts.items(), key=lambda kv: (kv[0] == NO_CATEGORY, -kv[1], kv[0])))
+    outputs = [r.max_tokens for r in reqs if r.max_tokens is not None]
+    totals = [n + r.max_tokens for n, r in zip(input_tokens, reqs) if r.max_tokens is not None]
+
+    def summary(values: list[int]) -> dict[str, float] | None:
+        s = TokenSummary.of(values)
+        return None if s is None else asdict(s)
+
+    return {
+        "file": corpus.path,
+        "sha256": corpus.sha256,
+        "requests": len(reqs),
+        "skipped_invalid": corpus.skipped_invalid,
+        "skipped_samples": list(corpus.skipped_samples),
+        "forms": forms,
+        "categories": categories,
+        "tokens": tokens,
+        "input_tokens": summary(input_tokens),
+        "output_tokens": summary(outputs),
+        "total_tokens": summary(totals),
+        "without_max_tokens": len(reqs) - len(outputs),
+    }
+
+
+def render_stats(stats: dict[str, Any]) -> str:
+    """The plain aligned table `prompts stats` prints (stable, so tests and READMEs can quote it)."""
+    n = stats["requests"]
+    lines = [f"{stats['file']}: {n} request{'s' if n != 1 else ''}, sha256 {stats['sha256'][:12]}"]
+    if stats["skipped_invalid"]:
+        lines.append(f"skipped {stats['skipped_invalid']} invalid lines (first: {stats['skipped_samples'][0]})")
+    lines.append(f"forms: prompt {stats['forms']['prompt']}, messages {stats['forms']['messages']}")
+    if stats["categories"]:
+        lines.append("categories: " + ", ".join(f"{k} {v}" for k, v in stats["categories"].items()))
+    lines.append("")
+    lines.append(token_label(stats["tokens"]))
+    lines.append(f"{'':<22}{'p50':>8}{'p90':>8}{'p99':>8}{'max':>8}{'mean':>9}")
+    for name, key in (("input", "input_tokens"), ("output (max_tokens)", "output_tokens"), ("total", "total_tokens")):
+        s = stats[key]
+        if s is None:
+            lines.append(f"{name:<22}{'-':>8}{'-':>8}{'-':>8}{'-':>8}{'-':>9}")
+        else:
+            cells = "".join(f"{s[k]:>8.0f}" for k in ("p50", "p90", "p99", "max"))
+            lines.append(f"{name:<22}{cells}{s['mean']:>9.1f}")
+    missing = stats["without_max_tokens"]
+    if missing:
+        which = "1 request has" if missing == 1 else f"{missing} requests have"
+        lines.append(f"{which} no max_tokens: left out of output and total")
+    return "\n".join(lines)
+
+
+def token_label(tokens: dict[str, Any]) -> str:
+    if tokens["source"] == "estimate":
+        return f"tokens (estimated: {tokens['rule']}; pass --url to count with the server's tokenizer)"
+    return f"tokens (counted by {tokens['url']}/tokenize, model {tokens['model']}, api {tokens['api']})"
+
+
+async def server_token_counts(
+    corpus: Corpus, url: str, *, model: str | None, api: str, api_key: str | None
+) -> tuple[list[int], str]:
+    """Every request's input tokens by the server's /tokenize, and the model that counted them."""
+    async with StreamingClient(
+        url, model=model, api=api, api_key=api_key, max_connections=TOKENIZE_CONCURRENCY
+    ) as client:
+        served = await client.check()
+        counts = await token_counts(client, corpus.requests, workers=TOKENIZE_CONCURRENCY)
+    return counts, served
