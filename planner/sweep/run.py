@@ -34,7 +34,7 @@ from replay.errors import ReplayError, StepAborted
 from replay.observer import Observers
 from replay.results import StepResult, write_json_atomic
 from replay.search import bracket
-from replay.session import Replay, binding_constraint, knee
+from replay.session import Replay, binding_constraint, concurrency_history, knee
 from replay.tokens import TOKENIZE_WORKERS, token_counts
 
 if TYPE_CHECKING:
@@ -263,9 +263,10 @@ class PointRunner:
                 on_step=self._on_step,
                 step_monitor=monitor,
             )
-            search = asyncio.create_task(
-                replay.search(start=min(settings.replay.start_concurrency, upper), upper=upper)
-            )
+            # The first probe is the bound itself: the cheapest step to measure, and the search
+            # narrows down from there (replay.search).
+            first = upper if settings.replay.start_concurrency is None else min(settings.replay.start_concurrency, upper)
+            search = asyncio.create_task(replay.search(start=first, upper=upper))
             died = asyncio.create_task(server.wait_exit())
             server_died = False
             try:
@@ -285,8 +286,10 @@ class PointRunner:
             if server_died or not server.alive():
                 self._server_died(server)
                 return
-            lo, hi = search.result()
-        self._conclude(lo, hi, upper, limit)
+            outcome = search.result()
+        self.result.unresolved_concurrency = outcome.unresolved
+        self.result.budget_exhausted = outcome.budget_exhausted
+        self._conclude(outcome.max_passing, outcome.min_failing, upper, limit)
 
     def _server_died(self, server: VllmServer) -> None:
         self.result.status = "failed"
@@ -296,8 +299,7 @@ class PointRunner:
             exit_code=server.exit_code,
             log_tail=log_tail(server.read_log()),
         )
-        history = [(int(s.load.value), s.slo_pass) for s in self.result.steps if s.load.mode == "concurrency"]
-        self.result.max_passing_concurrency = bracket(history).max_passing
+        self.result.max_passing_concurrency = bracket(concurrency_history(self.result.steps)).max_passing
 
     def _conclude(self, lo: int | None, hi: int | None, upper: int, limit: str | None) -> None:
         r, settings = self.result, self.ctx.settings
