@@ -6,20 +6,25 @@ are the dearest steps to measure (a step's wall time is about requests x duratio
 So the probe sends one burst of N requests at once and reads vLLM's gauges while they run: when
 some requests had to wait, the most the server ran at once is the concurrency above which
 requests queue, an upper bracket for the knee; when none waited, the server took the whole burst.
-The burst costs about one request duration at full load (a few, when requests queued). Its
-requests come from the same cursor as the steps', so no later step repeats them.
+Each request of the burst asks for at most `MAX_TOKENS` tokens, so the burst lasts a prefill and
+a few dozen decode steps (about a second on a GPU), not whole answers. Short answers hold less KV
+cache than the corpus's, so a KV-bound server may run more of them: the count can overshoot,
+which costs one cheap failing step, never a wrong answer. The requests come from the same cursor
+as the steps', so no later step repeats them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from replay.records import RequestRecord
 from replay.server_metrics import parse_sample
 
-SCRAPE_EVERY_S = 0.25
+SCRAPE_EVERY_S = 0.1
+# Tokens each request of the burst asks for at most.
+MAX_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,8 @@ async def saturation_probe(client, cursor, requests: int) -> Saturation:
 
     watcher = asyncio.create_task(watch())
     try:
-        records: list[RequestRecord] = await asyncio.gather(*(client.send(cursor.next()) for _ in range(requests)))
+        burst = [_short(cursor.next()) for _ in range(requests)]
+        records: list[RequestRecord] = await asyncio.gather(*(client.send(r) for r in burst))
     finally:
         done.set()
         await watcher
@@ -84,3 +90,7 @@ async def saturation_probe(client, cursor, requests: int) -> Saturation:
         duration_s=sum(ok) / len(ok) if ok else None,
         failed=len(records) - len(ok),
     )
+
+
+def _short(request):
+    return replace(request, max_tokens=min(request.max_tokens or MAX_TOKENS, MAX_TOKENS))
