@@ -14,7 +14,8 @@ Both arms run the same step rules (windows sized from the warm-up, long enough t
 early close of a conclusive failure; the steady-state rule) and confirm their knee, so the ratio
 isolates the search order. Each seed runs its own fake server; old and new take turns per seed.
 
-Prints, per seed and arm: wall time, steps, requests measured and sent, the answer and whether it
+Prints, per seed and arm: wall time, steps, requests measured and sent, those the steady-state
+rule dropped, the answer and whether it
 is within [0.9 x knee, knee]; then the ratio of wall times. Run:
     .venv/bin/python benchmarks/search_cost.py [--seeds 1,2,3,4,5]
 """
@@ -108,6 +109,7 @@ async def one_arm(url: str, corpus_path: Path, arm: str) -> dict:
         "answer": answer,
         "order": [int(s.load.value) for s in replay.steps],
         "low_c_s": sum(s.window_s for s in replay.steps if s.load.value <= 8),
+        "dropped": sum(s.steady_state_dropped for s in replay.steps),
         "detail": [
             (int(s.load.value), s.slo_verdict, round(s.tpot_ms.p99 or 0, 1), round(law_tpot_ms(int(s.load.value)), 1))
             for s in replay.steps
@@ -140,10 +142,10 @@ def main() -> int:
     print()
     print(f"law: TPOT = {ITL_S * 1e3:g} ms x (1 + {GROWTH:g} x running), {TOKENS} tokens a request; "
           f"tpot_p99_ms <= {BOUND_MS:g}; knee {knee}; an answer is right in [{math.ceil(0.9 * knee)}, {knee}]")
-    print(f"{'seed':>4} {'arm':>4} {'wall s':>7} {'steps':>5} {'measured':>8} {'sent':>6} {'s at c<=8':>9} {'answer':>6} {'right':>5}  order")
+    print(f"{'seed':>4} {'arm':>4} {'wall s':>7} {'steps':>5} {'measured':>8} {'sent':>6} {'dropped':>7} {'s at c<=8':>9} {'answer':>6} {'right':>5}  order")
     for r in rows:
         right = r["answer"] is not None and math.ceil(0.9 * knee) <= r["answer"] <= knee
-        print(f"{r['seed']:>4} {r['arm']:>4} {r['wall_s']:>7.0f} {r['steps']:>5} {r['measured']:>8} {r['sent']:>6}"
+        print(f"{r['seed']:>4} {r['arm']:>4} {r['wall_s']:>7.0f} {r['steps']:>5} {r['measured']:>8} {r['sent']:>6} {r['dropped']:>7}"
               f" {r['low_c_s']:>9.0f} {str(r['answer']):>6} {'yes' if right else 'NO':>5}  {r['order']}")
     old = [r for r in rows if r["arm"] == "old"]
     new = [r for r in rows if r["arm"] == "new"]
