@@ -57,8 +57,10 @@ CLIENT_LOOP_LAG_LIMIT_MS = 50.0
 LOOP_TICK_S = 0.01
 # An inconclusive window is judged again once it has this many times the requests it had.
 RECHECK_GROWTH = 1.25
-# A window may close as a failure from this many measured requests on, before its minimum.
+# A window may close as a failure from this many measured requests on, before its minimum: on
+# its latency figures, and on vLLM's gauges.
 EARLY_FAIL_REQUESTS = 40
+EARLY_SERVER_FAIL_REQUESTS = 10
 # A window sized from the warm-up gets this many times the expected wall time of max_requests.
 SIZE_FACTOR = 2.0
 
@@ -210,7 +212,9 @@ class _Window:
 
     def _failed_early(self, now: float, n: int) -> bool:
         """A conclusive failure before the window's minimum: no need to measure on."""
-        if self.server_broke is not None and self.server_broke(now):
+        # A few measured requests first, so that even a step vLLM's gauges fail at once has latency
+        # figures to show.
+        if self.server_broke is not None and n >= EARLY_SERVER_FAIL_REQUESTS and self.server_broke(now):
             return True
         if self.judge is None or n < self.next_early_check:
             return False
