@@ -18,8 +18,9 @@ until the verdict is pass or fail, `max_requests` measured requests, or the time
 at a growing sample a few times, geometrically spaced, keeps the extra chance of a wrong
 verdict small; a step that ends inconclusive counts as a failure. A step that is already a
 conclusive failure closes early: from `EARLY_FAIL_REQUESTS` measured requests on (a p99 whose
-lower bound is above its limit), or as soon as vLLM's gauges break a server-side SLO
-(preemptions, KV-cache usage, waiting requests), so steps above the knee are cheap.
+lower bound is above its limit), or, from `EARLY_SERVER_FAIL_REQUESTS` on, as soon as vLLM's
+gauges break a server-side SLO (preemptions, KV-cache usage, waiting requests), so steps above
+the knee are cheap.
 
 A window that ran out of time (its limit or the budget) before it had the requests its bounds
 need, with every undecided figure's estimate inside its bound, is `unresolved`: not enough time
