@@ -85,6 +85,10 @@ class PlannerMetrics:
         self.step_output_tokens_per_s = Gauge(
             "planner_step_output_tokens_per_s", "Output tokens/s measured in the last finished step", ["point"], registry=r
         )
+        self.search_eta = Gauge(
+            "planner_search_eta_seconds", "Estimated seconds until the point's search ends (replay.eta)", ["point"],
+            registry=r,
+        )
         self.point_info = Gauge(
             "planner_point_info", "The sweep point's configuration (always 1)", ["point", "model", *POINT_INFO_KEYS], registry=r
         )
@@ -157,7 +161,7 @@ class PlannerMetrics:
         # No series for a point without a safe concurrency: a 0 would read as "measured, carries nothing".
         if safe_concurrency_per_gpu is not None:
             self.safe_concurrency_per_gpu.labels(point=point_id).set(safe_concurrency_per_gpu)
-        for gauge in (self.target_concurrency, self.target_rate):
+        for gauge in (self.target_concurrency, self.target_rate, self.search_eta):
             _remove(gauge, point_id)
 
     # --- the replay observer -------------------------------------------------------------------
@@ -199,6 +203,12 @@ class PlannerMetrics:
         if record.first_token_s is not None and tokens > 1:
             self.tpot.labels(point=point).observe((record.end_s - record.first_token_s) / (tokens - 1))
         self.e2e.labels(point=point).observe(record.e2e_s)
+
+    def probe_planned(self, concurrency: int, search_eta_s: float | None) -> None:
+        if search_eta_s is None:
+            _remove(self.search_eta, self._point)
+        else:
+            self.search_eta.labels(point=self._point).set(search_eta_s)
 
     def step_finished(self, step: StepResult) -> None:
         point = self._point

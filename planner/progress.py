@@ -1,4 +1,5 @@
-"""A live progress line per step (measured/target, in flight, current p99 TTFT), on stderr."""
+"""A live progress line per step (measured/target, in flight, current p99 TTFT, when the step and
+the search are expected to end), on stderr."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class StepProgress:
             MofNCompleteColumn(),
             TextColumn("in flight {task.fields[inflight]:>4}  p99 TTFT {task.fields[p99]}"),
             TimeElapsedColumn(),
+            TextColumn("{task.fields[eta]}"),
             console=console or Console(stderr=True),
             transient=False,
         )
@@ -35,6 +37,8 @@ class StepProgress:
         self._inflight = 0
         self._ttft_ms: list[float] = []
         self._p99_at = 0.0
+        self._search_eta_s: float | None = None
+        self._measure_started: float | None = None
         # Other points' step state, while their events interleave with this one's (a cluster sweep).
         self._point: str | None = None
         self._parked: dict[str | None, tuple] = {}
@@ -53,11 +57,13 @@ class StepProgress:
         """The point the next calls belong to: each point keeps its own step line."""
         if point_id == self._point:
             return
-        self._parked[self._point] = (self._task, self._inflight, self._ttft_ms, self._p99_at, self._prefix)
-        self._point = point_id
-        self._task, self._inflight, self._ttft_ms, self._p99_at, self._prefix = self._parked.pop(
-            point_id, (None, 0, [], 0.0, f"{point_id}  ")
+        self._parked[self._point] = (
+            self._task, self._inflight, self._ttft_ms, self._p99_at, self._prefix, self._search_eta_s, self._measure_started
         )
+        self._point = point_id
+        (
+            self._task, self._inflight, self._ttft_ms, self._p99_at, self._prefix, self._search_eta_s, self._measure_started
+        ) = self._parked.pop(point_id, (None, 0, [], 0.0, f"{point_id}  ", None, None))
 
     # The sweep's point events: each step's line starts with the point it belongs to.
     def point_placed(self, point_id: str, node: str, gpu_model: str | None) -> None:
@@ -73,30 +79,65 @@ class StepProgress:
         self._inflight = 0
         self._ttft_ms = []
         label = _LABELS[load.mode].format(v=load.value)
+        self._measure_started = None
         self._task = self._progress.add_task(
-            f"{self._prefix}{label}", total=self._target, inflight=0, p99="-"
+            f"{self._prefix}{label}", total=self._target, inflight=0, p99="-", eta=self._eta_text(None)
         )
+
+    def probe_planned(self, concurrency: int, search_eta_s: float | None) -> None:
+        self._search_eta_s = search_eta_s
+
+    def _eta_text(self, step_left_s: float | None) -> str:
+        parts = []
+        if step_left_s is not None:
+            parts.append(f"step ends in ~{duration_text(step_left_s)}")
+        if self._search_eta_s is not None:
+            parts.append(f"search ~{duration_text(self._search_eta_s)} left")
+        return "  ".join(parts)
 
     def request_sent(self) -> None:
         self._inflight += 1
 
     def request_finished(self, record: RequestRecord, *, measured: bool) -> None:
         self._inflight -= 1
+        now = time.monotonic()
         if measured and record.ttft_s is not None:
             self._ttft_ms.append(record.ttft_s * 1e3)
-        fields = {"inflight": self._inflight}
-        now = time.monotonic()
+            if self._measure_started is None:
+                self._measure_started = now
+        fields: dict = {"inflight": self._inflight}
         if self._ttft_ms and now - self._p99_at > _P99_EVERY_S:
             self._p99_at = now
             fields["p99"] = f"{np.percentile(self._ttft_ms, 99):.0f} ms"
+            # The step's expected end at the rate measured requests finish so far.
+            spent = now - (self._measure_started or now)
+            left = self._target - len(self._ttft_ms)
+            rate = len(self._ttft_ms) / spent if spent > 0 else None
+            fields["eta"] = self._eta_text(max(0.0, left / rate) if rate else None)
         self._progress.update(self._task, completed=min(len(self._ttft_ms), self._target), **fields)
 
     def step_finished(self, step: StepResult) -> None:
-        verdict = "pass" if step.slo_pass else "FAIL " + ",".join(step.slo_violations)
+        if step.slo_pass:
+            verdict = "pass"
+        elif step.slo_verdict == "unresolved":
+            verdict = "UNRESOLVED (ran out of time)"
+        else:
+            verdict = "FAIL " + ",".join(step.slo_violations)
         p99 = step.ttft_ms.p99
         self._progress.update(
             self._task,
             completed=self._target,
             inflight=0,
             p99=f"{p99:.0f} ms  {verdict}" if p99 is not None else f"-  {verdict}",
+            eta="",
         )
+
+
+def duration_text(seconds: float) -> str:
+    """12 s, 4 min 05 s, 2 h 10 min."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"

@@ -58,19 +58,45 @@ def steps_table(steps: list[StepResult], title: str | None = None) -> Table:
             "-" if kv is None else f"{kv:.0%}",
             fmt(s.server.preemptions),
             fmt(s.server.waiting_peak),
-            "pass" if s.slo_pass else f"{'INCONCLUSIVE' if s.slo_verdict == 'inconclusive' else 'FAIL'}: " + ", ".join(s.slo_violations),
+            "pass" if s.slo_pass else f"{_VERDICT_WORDS.get(s.slo_verdict or 'fail', 'FAIL')}: " + ", ".join(s.slo_violations),
         )
     return table
+
+
+_VERDICT_WORDS = {"fail": "FAIL", "inconclusive": "INCONCLUSIVE", "unresolved": "UNRESOLVED (out of time)"}
+
+
+def unresolved_lines(unresolved: list[int], budget_exhausted: bool) -> list[str]:
+    """What the search could not resolve in time, said plainly (never counted as failing)."""
+    lines = []
+    if unresolved:
+        lines.append(
+            "unresolved (the window ran out of time before the SLOs' bounds were finite; not failures): concurrency "
+            + ", ".join(str(c) for c in unresolved)
+            + " - give the search more time (--point-budget-s, --max-window-s) or SLOs a shorter window resolves"
+        )
+    if budget_exhausted:
+        lines.append("the point's time budget (point_budget_s) ran out before the search was done")
+    return lines
 
 
 def replay_summary(results: ReplayResults) -> list[str]:
     lines = []
     if results.find_max:
+        found = results.max_passing_concurrency
+        if found is None and results.unresolved_concurrency:
+            # Running out of time is not a failure: say so rather than "none".
+            answer = "unresolved"
+        else:
+            answer = str(found) if found is not None else "none"
         lines.append(
-            f"highest passing concurrency: {results.max_passing_concurrency if results.max_passing_concurrency is not None else 'none'}"
+            f"highest passing concurrency: {answer}"
             f"  (lowest failing: {results.min_failing_concurrency if results.min_failing_concurrency is not None else 'none'};"
             f" bound by: {results.binding_constraint or '-'})"
         )
+        if results.search_start is not None:
+            lines.append(f"search started at {results.search_start} ({results.search_start_reason})")
+        lines.extend(unresolved_lines(results.unresolved_concurrency, results.budget_exhausted))
         if results.knee_interval is not None:
             lo, hi = results.knee_interval
             lines.append(
@@ -113,14 +139,21 @@ def sweep_table(results) -> Table:
 
 
 def sweep_summary(results) -> list[str]:
+    unresolved = [p for p in results.points if p.unresolved_concurrency or p.budget_exhausted]
     if results.best is None:
-        lines = ["no configuration passed the SLOs at any concurrency"]
+        lines = [
+            "no configuration was shown to pass the SLOs in the time given"
+            if unresolved
+            else "no configuration passed the SLOs at any concurrency"
+        ]
     else:
         b = results.best
         point = next(p for p in results.points if p.id == b.point_id)
         flags = " ".join(f"{k}={v}" for k, v in point.config.items())
         lines = [f"recommended: {b.point_id} ({flags}): {b.reason}"]
         lines += [f"  {pid}: {why}" for pid, why in b.others.items()]
+    for p in unresolved:
+        lines += [f"  {p.id}: {line}" for line in unresolved_lines(p.unresolved_concurrency, p.budget_exhausted)]
     if results.interrupted:
         lines.append("the sweep was interrupted; finished points are kept (rerun with --resume)")
     return lines

@@ -20,6 +20,9 @@ class ReplayObserver(Protocol):
 
     def step_finished(self, step: StepResult) -> None: ...
 
+    def probe_planned(self, concurrency: int, search_eta_s: float | None) -> None:
+        """The search chose its next step; `search_eta_s` estimates the rest of it (replay.eta)."""
+
 
 class Observers:
     """Fans every call out to several observers."""
@@ -42,3 +45,7 @@ class Observers:
     def step_finished(self, step: StepResult) -> None:
         for o in self._observers:
             o.step_finished(step)
+
+    def probe_planned(self, concurrency: int, search_eta_s: float | None) -> None:
+        for o in self._observers:
+            o.probe_planned(concurrency, search_eta_s)

@@ -17,7 +17,8 @@ from replay.atomic import atomic_text
 SCHEMA_VERSION = 1
 
 LoadMode = Literal["concurrency", "rate", "trace"]
-Verdict = Literal["pass", "fail", "inconclusive"]
+# unresolved: the window ran out of time before its bounds were finite (see replay.step).
+Verdict = Literal["pass", "fail", "inconclusive", "unresolved"]
 
 
 class _Model(BaseModel):
@@ -153,8 +154,15 @@ class StepResult(_Model):
     slo_attainment: float | None = None
     slo_attainment_ci95: list[float | None] | None = None
     goodput_requests_per_s: float | None = None
-    # Early measured requests dropped by MSER-5 as not yet in steady state.
+    # Early measured requests dropped as not yet in steady state (replay.steady).
     steady_state_dropped: int = 0
+    # What closed the window: requests (its minimum or maximum), verdict (conclusive early),
+    # time (its limit), budget (the point's), stall (the warm-up never finished), trace_end, abort.
+    window_closed_by: str | None = None
+    # The window's time limit (max_window_s, or sized from the warm-up), and the warm-up's mean
+    # request duration it was sized from.
+    window_limit_s: float | None = None
+    request_duration_s: float | None = None
     # Filled in by planner sweep: peak used memory per GPU during the step.
     gpu_memory_peak_mib: dict[str, float] | None = None
 
@@ -184,6 +192,13 @@ class ReplayResults(_Model):
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
+    # Concurrencies whose every step ran out of time before it could resolve (never failures).
+    unresolved_concurrency: list[int] = Field(default_factory=list)
+    # Where the search began and why (the saturation probe's count, max_concurrency, start_concurrency).
+    search_start: int | None = None
+    search_start_reason: str | None = None
+    # The search stopped on [replay] point_budget_s before it was done.
+    budget_exhausted: bool = False
     interrupted: bool = False
 
 

@@ -1,20 +1,81 @@
 """The search for the highest concurrency that passes every SLO.
 
-A pure function of the steps so far: exponential bracketing (double until a step fails or the
-upper bound is reached), then bisection between the highest pass and the lowest failure, to a
-precision of one request or 5%. Measurements are noisy, so a pass above a failure is ignored:
-the answer is always the highest pass below the lowest failure. A step whose verdict was
-inconclusive is recorded as a failure, so the answer never rests on a step that did not pass.
+A pure function of the steps so far: `next_probe(history) -> int | None`.
+
+Where to measure. A step costs about `requests x request duration / concurrency` of wall time,
+so low concurrencies are the dearest to measure and, where the SLOs hold with a wide margin, the
+least informative. The search therefore starts high (the caller's capacity bound: the KV pool
+over the corpus's blocks, `max_num_seqs`, or a saturation probe's count of requests the server
+runs at once) and narrows down:
+
+1. Each SLO that bounds a figure from above (a latency statistic, the KV-cache usage peak) gives
+   a ratio per step: measured / bound, above 1 where it broke. Per rule, the ratios are fitted
+   against concurrency by isotonic regression (non-decreasing: the model's one assumption is that
+   latency does not fall as load rises), and the crossing of 1 is interpolated linearly between
+   the fitted points around it (decode-bound TPOT is close to linear in the number running).
+   Below the lowest step the line through the two lowest points is extended (or, from one point,
+   a ratio proportional to concurrency). The next probe is the lowest crossing of any rule.
+2. Once a step passes just below the predicted crossing, the next probe closes the bracket from
+   above: one precision step (5%, at least one request) over the highest pass.
+3. Bisection is the fallback: when no rule gives a ratio (errors, preemptions), when the model
+   points outside the bracket, and when two model probes in a row landed on the same side
+   (regula falsi can creep along one side).
+
+Measurements are noisy, so a pass above a failure is ignored: the answer is always the highest
+pass below the lowest failure. An inconclusive step (its interval straddles the bound after the
+window's largest sample) counts as a failure, so the answer never rests on a step that did not
+pass. An `unresolved` step (its window ran out of time before it had the requests a finite bound
+needs, with the estimate inside the bound) carries no information: it is neither a pass nor a
+failure; the same concurrency is proposed again (the caller gives it a longer window) at most
+`UNRESOLVED_RETRIES` times, then a higher one, then the search stops and the caller says which
+steps stayed unresolved.
 
 With `confirm`, the highest pass is measured once more before the search ends (the step runner
 takes fresh prompts); if the repeat does not pass, that concurrency now counts as failing, and
 the search goes on below it and confirms again.
+
+The confirmation is also the guard on the model's assumption: a server whose latency fell with
+load would show it as a pass that does not repeat.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+# How many times an unresolved concurrency is measured again (each time with a longer window).
+UNRESOLVED_RETRIES = 1
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One measured step as the search sees it."""
+
+    concurrency: int
+    # "pass", "fail", "inconclusive" (a failure) or "unresolved" (no information).
+    verdict: str
+    # SLO rule -> measured / bound, for rules that bound a figure from above.
+    ratios: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def informative(self) -> bool:
+        return self.verdict != "unresolved"
+
+
+History = Sequence["Probe | tuple[int, bool]"]
+
+
+def as_probes(history: History) -> list[Probe]:
+    """Probes from `history`, which may also hold (concurrency, passed) pairs."""
+    return [
+        h if isinstance(h, Probe) else Probe(int(h[0]), "pass" if h[1] else "fail")
+        for h in history
+    ]
 
 
 @dataclass(frozen=True)
@@ -23,10 +84,11 @@ class Bracket:
     min_failing: int | None
 
 
-def bracket(history: Sequence[tuple[int, bool]]) -> Bracket:
-    fails = [c for c, passed in history if not passed]
+def bracket(history: History) -> Bracket:
+    probes = [p for p in as_probes(history) if p.informative]
+    fails = [p.concurrency for p in probes if not p.passed]
     min_failing = min(fails) if fails else None
-    passes = [c for c, passed in history if passed and (min_failing is None or c < min_failing)]
+    passes = [p.concurrency for p in probes if p.passed and (min_failing is None or p.concurrency < min_failing)]
     return Bracket(max(passes) if passes else None, min_failing)
 
 
@@ -35,7 +97,7 @@ def converged(lo: int, hi: int, rel_precision: float) -> bool:
 
 
 def next_probe(
-    history: Sequence[tuple[int, bool]],
+    history: History,
     *,
     start: int = 1,
     upper: int | None = None,
@@ -44,51 +106,170 @@ def next_probe(
 ) -> int | None:
     """The next concurrency to measure, or None when the search is done.
 
-    `history` holds (concurrency, passed) for every step so far. `start` is the first probe;
-    `upper` caps the search (a capacity bound): when it passes, nothing above it is tried.
-    `confirm`: end only once the highest pass has passed twice.
+    `history` holds every step so far (Probes, or (concurrency, passed) pairs). `start` is the
+    first probe; `upper` caps the search (a capacity bound): when it passes, nothing above it is
+    tried. `confirm`: end only once the highest pass has passed twice.
     """
     if start < 1:
         raise ValueError("start must be >= 1")
     if upper is not None and upper < 1:
         raise ValueError("upper must be >= 1")
-    if not history:
+    probes = as_probes(history)
+    if not probes:
         return min(start, upper) if upper is not None else start
-    nxt = _bisect(history, upper, rel_precision)
-    if nxt is not None or not confirm:
-        return nxt
-    lo = bracket(history).max_passing
-    if lo is not None and not is_confirmed(history, lo):
-        return lo
+    nxt = _narrow(probes, upper, rel_precision)
+    if nxt is not None:
+        return _past_unresolved(probes, nxt, upper)
+    if not confirm:
+        return None
+    lo = bracket(probes).max_passing
+    if lo is not None and not is_confirmed(probes, lo):
+        return _past_unresolved(probes, lo, upper, confirming=True)
     return None
 
 
-def is_confirmed(history: Sequence[tuple[int, bool]], concurrency: int) -> bool:
-    return sum(1 for c, passed in history if c == concurrency and passed) >= 2
+def is_confirmed(history: History, concurrency: int) -> bool:
+    return sum(1 for p in as_probes(history) if p.concurrency == concurrency and p.passed) >= 2
 
 
-def _bisect(history: Sequence[tuple[int, bool]], upper: int | None, rel_precision: float) -> int | None:
-    b = bracket(history)
+def unresolved(history: History) -> list[int]:
+    """Concurrencies whose every step so far was unresolved (sorted)."""
+    probes = as_probes(history)
+    informed = {p.concurrency for p in probes if p.informative}
+    return sorted({p.concurrency for p in probes if not p.informative} - informed)
+
+
+def _past_unresolved(probes: list[Probe], n: int, upper: int | None, *, confirming: bool = False) -> int | None:
+    """`n`, unless it stayed unresolved too often: then a higher concurrency below the lowest
+    failure (more completions per second, so a window resolves sooner), or None: the search
+    stops there and the caller names the unresolved steps."""
+
+    def misses(c: int) -> int:
+        return sum(1 for p in probes if p.concurrency == c and not p.informative)
+
+    if misses(n) <= UNRESOLVED_RETRIES:
+        return n
+    if confirming:
+        # The highest pass could not be measured again in time: the caller reports it unconfirmed.
+        return None
+    ceilings = [c for c in (bracket(probes).min_failing, None if upper is None else upper + 1) if c is not None]
+    limit = min(ceilings) if ceilings else 2 * n + 1
+    higher = n
+    while (nxt := min(max(higher + 1, math.ceil(1.5 * higher)), limit - 1)) > higher:
+        higher = nxt
+        if any(p.concurrency == higher and p.informative for p in probes):
+            return None
+        if misses(higher) <= UNRESOLVED_RETRIES:
+            return higher
+    return None
+
+
+def _narrow(probes: list[Probe], upper: int | None, rel_precision: float) -> int | None:
+    informative = [p for p in probes if p.informative]
+    if not informative:
+        # Only unresolved steps so far: measure the last one again (with a longer window).
+        return probes[-1].concurrency
+    b = bracket(informative)
     lo = b.max_passing or 0
     if b.min_failing is None:
         if upper is not None and lo >= upper:
             return None
-        nxt = lo * 2
+        nxt = max(lo * 2, 1)
         return min(nxt, upper) if upper is not None else nxt
     hi = b.min_failing
-    if converged(lo, hi, rel_precision):
+    if hi <= 1 or converged(lo, hi, rel_precision):
         return None
-    mid = (lo + hi) // 2
-    tried = {c for c, _ in history}
-    if mid in tried or mid <= lo:
+    tried = {p.concurrency for p in informative}
+    step = max(1, math.ceil(rel_precision * lo))
+    model = predicted_knee(informative)
+    candidate: int | None = None
+    if model is not None and not _creeping(informative):
+        candidate = math.floor(model)
+        if candidate <= lo + step:
+            # The model puts the knee at the highest pass: close the bracket from above.
+            candidate = lo + step
+        if candidate >= hi:
+            candidate = None
+    if candidate is None or candidate in tried:
+        candidate = (lo + hi) // 2
+    if candidate in tried or candidate <= lo or candidate >= hi:
         return None
-    return mid
+    return candidate
+
+
+def _creeping(probes: list[Probe]) -> bool:
+    """The last two probes, both taken once the knee was bracketed, landed on the same side: the
+    model keeps under- or over-shooting (regula falsi creeping along one side of a cliff), so
+    bisect once."""
+    if len(probes) < 3:
+        return False
+    first, second = probes[-2], probes[-1]
+    before = bracket(probes[:-2])
+    if before.max_passing is None or before.min_failing is None:
+        return False
+    return first.passed == second.passed
+
+
+def predicted_knee(probes: Sequence[Probe]) -> float | None:
+    """The lowest concurrency at which any modelled rule's fitted ratio reaches 1, or None when no
+    rule gives one."""
+    rules = sorted({rule for p in probes for rule in p.ratios})
+    crossings = [x for rule in rules if (x := rule_crossing(probes, rule)) is not None]
+    return min(crossings) if crossings else None
+
+
+def rule_crossing(probes: Sequence[Probe], rule: str) -> float | None:
+    points: dict[int, list[float]] = {}
+    for p in probes:
+        ratio = p.ratios.get(rule)
+        if ratio is not None and math.isfinite(ratio) and ratio >= 0:
+            points.setdefault(p.concurrency, []).append(ratio)
+    if not points:
+        return None
+    xs = sorted(points)
+    fitted = isotonic([sum(points[x]) / len(points[x]) for x in xs], [len(points[x]) for x in xs])
+    above = next((i for i, f in enumerate(fitted) if f > 1.0), None)
+    if above is None:
+        # The rule holds everywhere measured: it sets no knee inside the data.
+        return None
+    if above > 0:
+        x0, x1, f0, f1 = xs[above - 1], xs[above], fitted[above - 1], fitted[above]
+        return x0 + (1.0 - f0) * (x1 - x0) / (f1 - f0)
+    # Every measured point broke the rule: extend below the lowest.
+    distinct = [(x, f) for x, f in zip(xs, fitted)]
+    if len(distinct) >= 2:
+        (x0, f0), (x1, f1) = distinct[0], next(((x, f) for x, f in distinct[1:] if f > distinct[0][1]), (None, None))
+        if x1 is not None:
+            slope = (f1 - f0) / (x1 - x0)
+            crossing = x0 - (f0 - 1.0) / slope
+            if crossing > 0:
+                return crossing
+    x0, f0 = distinct[0]
+    return x0 / f0 if f0 > 0 else None
+
+
+def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """Pool-adjacent-violators: the non-decreasing sequence nearest `values` in weighted least
+    squares."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    out: list[float] = []
+    for mean, _, count in blocks:
+        out.extend([mean] * int(count))
+    return out
 
 
 def knee_interval(verdicts: Sequence[tuple[int, str]]) -> list[int | None]:
     """[highest conclusive pass, lowest conclusive fail] from (concurrency, verdict) pairs. A pass
     counts only below every step that did not pass (a fail, an inconclusive window, a knee
-    confirmation that did not hold): above one, a pass is noise, as it is for the search."""
+    confirmation that did not hold): above one, a pass is noise, as it is for the search. An
+    unresolved step says nothing either way."""
+    verdicts = [(c, v) for c, v in verdicts if v != "unresolved"]
     fails = [c for c, v in verdicts if v == "fail"]
     not_passed = [c for c, v in verdicts if v != "pass"]
     below = min(not_passed) if not_passed else None

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
 from replay.client import METRICS_CONNECTIONS, StreamingClient
 from replay.corpus import Corpus
+from replay.eta import search_eta_s
 from replay.errors import ReplayError, StepAborted
+from replay import slo as slo_mod
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
 from replay.observer import ReplayObserver
 from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
-from replay.search import bracket, is_confirmed, knee_interval, next_probe
+from replay.saturation import saturation_probe
+from replay.search import Probe, bracket, is_confirmed, knee_interval, next_probe, unresolved
 from replay.server_metrics import MetricsScraper
 from replay.settings import ReplaySettings
-from replay.step import RequestCursor, run_step
+from replay.step import RequestCursor, Window, run_step
 
 
 class StepMonitor(Protocol):
@@ -53,9 +58,17 @@ def binding_constraint(steps: list[StepResult], min_failing: int | None, reached
     return reached_cap
 
 
-def concurrency_history(steps: list[StepResult]) -> list[tuple[int, bool]]:
-    """(concurrency, passed) per closed-loop step; an inconclusive step did not pass."""
-    return [(int(s.load.value), s.slo_pass) for s in steps if s.load.mode == "concurrency"]
+def probe_of(step: StepResult, slo: dict[str, float] | None = None) -> Probe:
+    """A closed-loop step as the search sees it: its verdict (an inconclusive step did not pass;
+    steps without a verdict, from older files, count by slo_pass) and, with the SLOs, each rule's
+    measured / bound."""
+    verdict = step.slo_verdict or ("pass" if step.slo_pass else "fail")
+    return Probe(int(step.load.value), verdict, slo_mod.ratios(step, slo) if slo else {})
+
+
+def concurrency_history(steps: list[StepResult], slo: dict[str, float] | None = None) -> list[Probe]:
+    """Every closed-loop step, in order, as the search sees it."""
+    return [probe_of(s, slo) for s in steps if s.load.mode == "concurrency"]
 
 
 def knee(steps: list[StepResult]) -> tuple[bool, list[int | None]]:
@@ -102,7 +115,7 @@ class Replay:
         # result is dropped, and StepAborted is raised.
         self.abort = asyncio.Event()
 
-    async def step(self, load: Load) -> StepResult:
+    async def step(self, load: Load, window: Window | None = None) -> StepResult:
         scraper = MetricsScraper(
             self.client.metrics_text, interval_s=self.settings.metrics_interval_s, model=self.client.model
         )
@@ -112,7 +125,7 @@ class Replay:
                 self.client,
                 self.cursor,
                 load,
-                self.settings.window(self.slo),
+                window or self.settings.window(self.slo),
                 requests=self.corpus.requests,
                 scraper=scraper,
                 observer=self.observer,
@@ -134,21 +147,65 @@ class Replay:
         for load in planned_loads(self.settings):
             await self.step(load)
 
-    async def search(self, *, start: int, upper: int | None) -> tuple[int | None, int | None]:
-        history = concurrency_history(self.steps)
+    async def search(self, *, start: int, upper: int | None) -> SearchOutcome:
+        """The search from `start` (a capacity bound, or the saturation probe's count), capped by
+        `upper`, within [replay] point_budget_s."""
+        settings = self.settings
+        began = time.perf_counter()
+        budget = settings.point_budget_s
+        history = concurrency_history(self.steps, self.slo)
+        outcome = SearchOutcome()
         while (
             n := next_probe(
-                history,
-                start=start,
-                upper=upper,
-                rel_precision=self.settings.precision,
-                confirm=self.settings.confirm_knee,
+                history, start=start, upper=upper, rel_precision=settings.precision, confirm=settings.confirm_knee
             )
         ) is not None:
-            result = await self.step(Concurrency(n))
-            history.append((n, result.slo_pass))
+            window = self.settings.window(self.slo)
+            left = None if budget is None else budget - (time.perf_counter() - began)
+            if left is not None and left <= 0:
+                outcome.budget_exhausted = True
+                break
+            # An unresolved concurrency measured again gets twice the time each time.
+            misses = sum(1 for p in history if p.concurrency == n and not p.informative)
+            if misses:
+                earlier = [s.window_limit_s for s in self.steps if s.load.mode == "concurrency" and int(s.load.value) == n]
+                longest = max((w for w in earlier if w), default=window.max_window_s)
+                if longest is not None:
+                    window = replace(window, max_window_s=longest * 2**misses)
+            if left is not None:
+                window = replace(window, time_budget_s=left)
+            if self.observer is not None:
+                eta = search_eta_s(
+                    self.steps, history, n,
+                    min_requests=window.min_requests, rel_precision=settings.precision, confirm=settings.confirm_knee,
+                )
+                self.observer.probe_planned(n, eta)
+            result = await self.step(Concurrency(n), window)
+            history.append(probe_of(result, self.slo))
         b = bracket(history)
-        return b.max_passing, b.min_failing
+        outcome.max_passing, outcome.min_failing = b.max_passing, b.min_failing
+        outcome.unresolved = [c for c in unresolved(history) if b.min_failing is None or c < b.min_failing]
+        return outcome
+
+
+@dataclass
+class SearchOutcome:
+    max_passing: int | None = None
+    min_failing: int | None = None
+    # Concurrencies that only ever ran out of time (below the lowest failure).
+    unresolved: list[int] = field(default_factory=list)
+    budget_exhausted: bool = False
+
+
+async def search_start(replay: Replay, settings: ReplaySettings) -> tuple[int, str]:
+    """The first probe of `planner replay --find-max`, and why: start_concurrency when given,
+    else max_concurrency, else the saturation probe's count."""
+    if settings.start_concurrency is not None:
+        return settings.start_concurrency, "start_concurrency"
+    if settings.max_concurrency is not None:
+        return settings.max_concurrency, "max_concurrency"
+    probe = await saturation_probe(replay.client, replay.cursor, settings.saturation_requests)
+    return probe.start, probe.reason
 
 
 def _corpus_info(corpus: Corpus) -> CorpusInfo:
@@ -215,9 +272,15 @@ async def run_replay(
         try:
             await replay.run_planned()
             if settings.find_max:
-                lo, hi = await replay.search(start=settings.start_concurrency, upper=settings.max_concurrency)
+                start, results.search_start_reason = await search_start(replay, settings)
+                results.search_start = start
+                save()
+                outcome = await replay.search(start=start, upper=settings.max_concurrency)
+                lo, hi = outcome.max_passing, outcome.min_failing
                 results.max_passing_concurrency = lo
                 results.min_failing_concurrency = hi
+                results.unresolved_concurrency = outcome.unresolved
+                results.budget_exhausted = outcome.budget_exhausted
                 cap = "max_concurrency" if hi is None and settings.max_concurrency else None
                 results.binding_constraint = binding_constraint(replay.steps, hi, cap)
                 results.confirmed, results.knee_interval = knee(replay.steps)

@@ -33,7 +33,11 @@ class ReplaySettings(BaseModel):
     # An inconclusive window measures on to this many requests (None: 4 x min_requests).
     max_requests: int | None = Field(default=None, ge=1)
     min_window_s: float = Field(default=0.0, ge=0)
-    max_window_s: float = Field(default=600.0, gt=0)
+    # The window's time limit. None: sized from the request duration the warm-up measured (twice
+    # the expected wall time of max_requests; replay.step).
+    max_window_s: float | None = Field(default=None, gt=0)
+    # The longest a warm-up may take before the server counts as stalled (with max_window_s unset).
+    warmup_timeout_s: float = Field(default=600.0, gt=0)
     metrics_interval_s: float = Field(default=1.0, gt=0)
     # A step is flagged client_or_network_latency when the client's mean TTFT exceeds vLLM's by
     # more than the larger of these two (replay.crosscheck).
@@ -41,9 +45,16 @@ class ReplaySettings(BaseModel):
     client_ttft_excess_fraction: float = Field(default=0.10, ge=0)
     # The search for the highest passing concurrency.
     find_max: bool = False
-    start_concurrency: int = Field(default=1, ge=1)
+    # The first probe. None: the capacity bound (a sweep), max_concurrency, or the saturation
+    # probe's count (replay.saturation).
+    start_concurrency: int | None = Field(default=None, ge=1)
     max_concurrency: int | None = Field(default=None, ge=1)
     precision: float = Field(default=0.05, gt=0, lt=1)
+    # Requests the saturation probe sends at once.
+    saturation_requests: int = Field(default=256, ge=1)
+    # The most one search (a sweep's point, or replay --find-max) may take, in seconds; what it
+    # could not resolve by then is reported as such. None: no limit.
+    point_budget_s: float | None = Field(default=None, gt=0)
     # Measure the highest passing concurrency again on fresh prompts before reporting it.
     confirm_knee: bool = True
     # Merged into every request body (temperature, top_p, ...).
@@ -74,4 +85,5 @@ class ReplaySettings(BaseModel):
             max_requests=max(self.max_requests or 4 * min_requests, min_requests),
             min_window_s=self.min_window_s,
             max_window_s=self.max_window_s,
+            warmup_timeout_s=self.warmup_timeout_s,
         )

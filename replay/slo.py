@@ -224,6 +224,68 @@ def verdicts(
     return out, unverified
 
 
+def only_short_of_time(
+    step: StepResult, slo: Mapping[str, float], rule_verdicts: Mapping[str, Verdict], max_requests: int | None
+) -> bool:
+    """Whether a window that closed on time, short of its largest sample, failed to pass only for
+    want of requests: no rule failed on what was measured, and every undecided figure's estimate
+    is inside its bound. Such a step is `unresolved`, not a failure."""
+    measured = step.requests_ok + step.requests_failed + step.steady_state_dropped
+    if max_requests is not None and measured >= max_requests:
+        return False
+    for key, verdict in rule_verdicts.items():
+        if verdict == "pass":
+            continue
+        point = _point_estimate(step, key)
+        if point is None:
+            continue  # nothing measured for it: no evidence either way
+        if verdict == "fail":
+            return False
+        if not (point >= slo[key] if key == ATTAINMENT_KEY else point <= slo[key]):
+            return False
+    return True
+
+
+def _point_estimate(step: StepResult, key: str) -> float | None:
+    """The figure a rule is judged on, None when the window measured nothing for it."""
+    if match := _SERVER_LATENCY_KEY.match(key):
+        metric, stat = match.groups()
+        histogram = getattr(step.server, f"{metric}_ms")
+        return None if histogram is None else getattr(histogram, stat)
+    if match := _LATENCY_KEY.match(key):
+        metric, stat = match.groups()
+        return getattr(getattr(step, f"{metric}_ms"), stat)
+    if key == ATTAINMENT_KEY:
+        return step.slo_attainment
+    if key == "error_rate":
+        total = step.requests_ok + step.requests_failed
+        return step.requests_failed / total if total else None
+    return {
+        "max_preemptions": step.server.preemptions,
+        "kv_cache_usage_max": step.server.kv_cache_usage_peak,
+        "max_waiting": step.server.waiting_peak,
+    }[key]
+
+
+def ratios(step: StepResult, slo: Mapping[str, float]) -> dict[str, float]:
+    """measured / bound for every rule that bounds a figure from above with a positive bound (a
+    latency, the KV-cache usage peak), and the shortfall ratio (1 - attained) / (1 - bound) for
+    min_slo_attainment: above 1 where the rule broke. The search models these against load."""
+    out: dict[str, float] = {}
+    for key, bound in slo.items():
+        if key in ("error_rate", "max_preemptions", "max_waiting"):
+            continue  # counts, usually bounded at 0: no ratio to interpolate
+        point = _point_estimate(step, key)
+        if point is None:
+            continue
+        if key == ATTAINMENT_KEY:
+            if bound < 1:
+                out[key] = (1 - point) / (1 - bound)
+        elif bound > 0:
+            out[key] = point / bound
+    return out
+
+
 def step_verdict(rule_verdicts: Mapping[str, Verdict]) -> Verdict:
     values = set(rule_verdicts.values())
     if "fail" in values:

@@ -3,17 +3,31 @@
 The window opens once the warm-up has completed (`warmup_requests` finished and `warmup_s`
 passed). Latency figures come from requests *sent* inside the window; throughput from every
 request that *finished* inside it. The window closes once `min_requests` measured requests have
-finished and `min_window_s` has passed, or at `max_window_s`. Requests still running then are
+finished and `min_window_s` has passed, or at its time limit. Requests still running then are
 drained: awaited, not counted, never failures.
+
+The time limit is `max_window_s` when set; otherwise it is sized from the warm-up, which
+measures the request duration D at this load: a closed loop of c finishes about c / D requests a
+second, so `max_requests` measured requests take about D + max_requests x D / c, and the window
+gets `SIZE_FACTOR` times that. A step never runs past `time_budget_s` (what is left of the
+point's budget), whatever the sizing says.
 
 With SLOs, a window that has its minimum but whose verdict is still inconclusive keeps measuring
 (the cursor hands out fresh prompts) and is judged again each time it has grown by a quarter,
-until the verdict is pass or fail, `max_requests` measured requests, or `max_window_s`. Looking
+until the verdict is pass or fail, `max_requests` measured requests, or the time limit. Looking
 at a growing sample a few times, geometrically spaced, keeps the extra chance of a wrong
-verdict small; a step that ends inconclusive counts as a failure.
+verdict small; a step that ends inconclusive counts as a failure. A step that is already a
+conclusive failure closes early: from `EARLY_FAIL_REQUESTS` measured requests on (a p99 whose
+lower bound is above its limit), or, from `EARLY_SERVER_FAIL_REQUESTS` on, as soon as vLLM's
+gauges break a server-side SLO (preemptions, KV-cache usage, waiting requests), so steps above
+the knee are cheap.
 
-Before figures are computed, MSER-5 (replay.steady) drops early measured requests that had not
-reached steady state.
+A window that ran out of time (its limit or the budget) before it had the requests its bounds
+need, with every undecided figure's estimate inside its bound, is `unresolved`: not enough time
+is not a failure, and the search treats it as no information.
+
+Before figures are computed, the steady-state rule (replay.steady) drops early measured requests
+that had not reached steady state.
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ from replay.observer import Observers, ReplayObserver
 from replay.records import RequestRecord
 from replay.results import ClientSummary, ServerSummary, StepResult
 from replay.server_metrics import MetricsScraper, summarize as summarize_server
-from replay.steady import mser5
+from replay.steady import steady_start
 
 # Above these the client, not the server, may have been the limit: its own timing is suspect.
 CLIENT_SEND_LAG_LIMIT_MS = 50.0
@@ -44,6 +58,12 @@ CLIENT_LOOP_LAG_LIMIT_MS = 50.0
 LOOP_TICK_S = 0.01
 # An inconclusive window is judged again once it has this many times the requests it had.
 RECHECK_GROWTH = 1.25
+# A window may close as a failure from this many measured requests on, before its minimum: on
+# its latency figures, and on vLLM's gauges.
+EARLY_FAIL_REQUESTS = 40
+EARLY_SERVER_FAIL_REQUESTS = 10
+# A window sized from the warm-up gets this many times the expected wall time of max_requests.
+SIZE_FACTOR = 2.0
 
 
 class Sender(Protocol):
@@ -58,7 +78,12 @@ class Window:
     # An inconclusive window measures on up to this many requests (None: stop at min_requests).
     max_requests: int | None = None
     min_window_s: float = 0.0
-    max_window_s: float = 600.0
+    # The window's time limit; None: sized from the warm-up's request duration (SIZE_FACTOR).
+    max_window_s: float | None = 600.0
+    # A warm-up that has not finished after this long means a stalled server (the step fails).
+    warmup_timeout_s: float = 600.0
+    # The most the whole step (warm-up included) may take: what is left of the point's budget.
+    time_budget_s: float | None = None
     # Open loop: never more than this many requests in flight; past it, sends are late (and flagged).
     # Requests still running when the window closes are bounded by the client's request time-out.
     max_inflight: int = 4096
@@ -91,6 +116,17 @@ class RequestCursor:
         return req
 
 
+def expected_window_s(load: Load, requests: int, duration_s: float) -> float | None:
+    """Expected wall time for `requests` measured requests that each last `duration_s`."""
+    match load:
+        case Concurrency(n=n):
+            return duration_s + requests * duration_s / n
+        case PoissonRate(rate_per_s=rate):
+            return duration_s + requests / rate
+        case _:
+            return None
+
+
 @dataclass
 class _Window:
     """The mutable state of a running step."""
@@ -99,13 +135,23 @@ class _Window:
     settings: Window
     started_s: float
     on_close: Callable[[], None]
+    load: Load = field(default_factory=lambda: Concurrency(1))
     on_open: Callable[[], None] = lambda: None
-    # Whether the measured sample so far gives a pass or a fail; None: no SLO, close at the minimum.
-    conclusive: Callable[[list[RequestRecord], float], bool] | None = None
+    # The verdict the measured sample so far gives ("pass", "fail", "inconclusive"); None: no SLO.
+    judge: Callable[[list[RequestRecord], float], str] | None = None
+    # True once vLLM's gauges broke a server-side SLO inside the window.
+    server_broke: Callable[[float], bool] | None = None
     next_check: int = 0
+    next_early_check: int = EARLY_FAIL_REQUESTS
     completed: int = 0
     open_s: float | None = None
     close_s: float | None = None
+    # requests, verdict, time, budget, stall, trace_end or abort
+    closed_by: str | None = None
+    # Mean end-to-end duration of the warm-up's requests, and the window's time limit from it.
+    request_duration_s: float | None = None
+    limit_s: float | None = None
+    warmup_durations: list[float] = field(default_factory=list)
     measured: list[RequestRecord] = field(default_factory=list)
     finished_inside: list[RequestRecord] = field(default_factory=list)
     drained: int = 0
@@ -114,47 +160,92 @@ class _Window:
     def closed(self) -> bool:
         return self.close_s is not None
 
+    def close(self, now: float, reason: str) -> None:
+        self.close_s = now
+        self.closed_by = reason
+        self.on_close()
+
+    def _open(self, now: float) -> None:
+        self.open_s = now
+        if self.warmup_durations:
+            self.request_duration_s = sum(self.warmup_durations) / len(self.warmup_durations)
+        limit = self.settings.max_window_s
+        if limit is None and self.request_duration_s is not None:
+            expected = expected_window_s(self.load, self.settings.max_requests or self.settings.min_requests, self.request_duration_s)
+            if expected is not None:
+                limit = max(self.settings.min_window_s, SIZE_FACTOR * expected)
+        self.limit_s = limit
+        self.on_open()
+
+    def _over_budget(self, now: float) -> bool:
+        budget = self.settings.time_budget_s
+        return budget is not None and now - self.started_s >= budget
+
     def tick(self, now: float) -> None:
         if self.closed:
             return
         if self.open_s is None:
             if self.completed >= self.warmup and now - self.started_s >= self.settings.warmup_s:
+                self._open(now)
+            elif self._over_budget(now):
+                # The budget ran out during the warm-up: an empty window, unresolved.
                 self.open_s = now
                 self.on_open()
-            elif now - self.started_s >= self.settings.max_window_s:
+                self.close(now, "budget")
+            elif now - self.started_s >= (self.settings.max_window_s or self.settings.warmup_timeout_s):
                 # The warm-up itself never finished (a stalled server): an empty window, whose
                 # latency SLOs fail for want of any completed request.
-                self.open_s = self.close_s = now
+                self.open_s = now
                 self.on_open()
-                self.on_close()
+                self.close(now, "stall")
             return
         elapsed = now - self.open_s
-        enough = len(self.measured) >= self.settings.min_requests and elapsed >= self.settings.min_window_s
-        if (enough and self._settled(now)) or elapsed >= self.settings.max_window_s:
-            self.close_s = now
-            self.on_close()
+        n = len(self.measured)
+        enough = n >= self.settings.min_requests and elapsed >= self.settings.min_window_s
+        if enough and self._settled(now):
+            self.close(now, "verdict" if self.judge is not None and n < (self.settings.max_requests or 0) else "requests")
+        elif self._failed_early(now, n):
+            self.close(now, "verdict")
+        elif self.limit_s is not None and elapsed >= self.limit_s:
+            self.close(now, "time")
+        elif self._over_budget(now):
+            self.close(now, "budget")
+
+    def _failed_early(self, now: float, n: int) -> bool:
+        """A conclusive failure before the window's minimum: no need to measure on."""
+        # A few measured requests first, so that even a step vLLM's gauges fail at once has latency
+        # figures to show.
+        if self.server_broke is not None and n >= EARLY_SERVER_FAIL_REQUESTS and self.server_broke(now):
+            return True
+        if self.judge is None or n < self.next_early_check:
+            return False
+        self.next_early_check = math.ceil(n * RECHECK_GROWTH)
+        return self.judge(self.measured, now - (self.open_s or now)) == "fail"
 
     def _settled(self, now: float) -> bool:
         """True when the window may close: no SLO to settle, a conclusive verdict, or max_requests."""
         n = len(self.measured)
         limit = self.settings.max_requests
-        if self.conclusive is None or limit is None or n >= limit:
+        if self.judge is None or limit is None or n >= limit:
             return True
         if n < self.next_check:
             return False
         self.next_check = math.ceil(n * RECHECK_GROWTH)
-        return self.conclusive(self.measured, now - (self.open_s or now))
+        return self.judge(self.measured, now - (self.open_s or now)) != "inconclusive"
 
     def finish(self, rec: RequestRecord) -> bool:
         """Account one finished request; True when it is measured."""
         self.completed += 1
         measured = False
-        if self.open_s is not None and not self.closed:
+        if self.open_s is None:
+            if rec.ok:
+                self.warmup_durations.append(rec.e2e_s)
+        elif not self.closed:
             self.finished_inside.append(rec)
             if rec.send_s >= self.open_s:
                 self.measured.append(rec)
                 measured = True
-        elif self.closed:
+        else:
             self.drained += 1
         self.tick(rec.end_s)
         return measured
@@ -208,9 +299,11 @@ async def run_step(
         settings=window,
         started_s=time.perf_counter(),
         on_close=window_closed,
+        load=load,
         on_open=window_opened,
-        conclusive=_judge(spec, slo) if slo else None,
+        judge=_judge(spec, slo) if slo else None,
     )
+    state.server_broke = _server_broke(scraper, slo, state)
     send_lags: list[float] = []
     loop_lags: list[float] = []
     # When every request of the step finished (warm-up and drain included), to count the
@@ -257,11 +350,11 @@ async def run_step(
         if inflight:
             await asyncio.gather(*inflight)
         if not state.closed:
-            state.close_s = time.perf_counter()
+            now = time.perf_counter()
             if state.open_s is None:
-                state.open_s = state.close_s
+                state.open_s = now
                 state.on_open()
-            state.on_close()
+            state.close(now, "trace_end")
 
     async def clock() -> None:
         # Closes a window on time even when no request finishes (max_window_s, min_window_s).
@@ -269,7 +362,7 @@ async def run_step(
             now = time.perf_counter()
             if abort is not None and abort.is_set():
                 state.open_s = state.open_s if state.open_s is not None else now
-                state.close_s = now
+                state.close_s, state.closed_by = now, "abort"
                 stop_sending.set()
                 break
             state.tick(now)
@@ -323,6 +416,9 @@ async def run_step(
         window_open_s=state.open_s,
         slo=slo,
     )
+    result.window_closed_by = state.closed_by
+    result.window_limit_s = None if state.limit_s is None else round(state.limit_s, 3)
+    result.request_duration_s = None if state.request_duration_s is None else round(state.request_duration_s, 4)
     snaps = scraper.snapshots if scraper is not None else {}
     if "start" in snaps and "end" in snaps:
         t0, t1 = snaps["start"].t_s, snaps["end"].t_s
@@ -333,27 +429,58 @@ async def run_step(
     if slo is not None:
         rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(state.measured, spec))
         verdict = slo_mod.step_verdict(rule_verdicts)
-        result = result.model_copy(
-            update={
-                "slo_pass": verdict == "pass",
-                # Every SLO that kept the step from passing: broken, or not shown to hold.
-                "slo_violations": [k for k, v in rule_verdicts.items() if v != "pass"],
-                "slo_unverified": unverified,
-                "slo_verdict": verdict,
-                "slo_verdicts": rule_verdicts,
-                "slo_views": {key: slo_mod.view(key) for key in slo},
-            }
-        )
+        if state.closed_by in ("time", "budget") and verdict != "pass":
+            if slo_mod.only_short_of_time(result, slo, rule_verdicts, window.max_requests):
+                verdict = "unresolved"
+        # Every SLO that kept the step from passing: broken, or not shown to hold.
+        result.slo_pass = verdict == "pass"
+        result.slo_violations = [k for k, v in rule_verdicts.items() if v != "pass"]
+        result.slo_unverified = unverified
+        result.slo_verdict = verdict
+        result.slo_verdicts = rule_verdicts
+        result.slo_views = {key: slo_mod.view(key) for key in slo}
     obs.step_finished(result)
     return result
 
 
-def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], float], bool]:
-    """The window's stopping rule: the client-side SLOs on the sample so far are all pass, or one
-    fails. Server-side SLOs are judged once, on the whole window."""
+def _server_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None, state: _Window) -> Callable[[float], bool] | None:
+    """Whether vLLM's gauges inside the window already broke a server-side SLO (preemptions,
+    KV-cache usage, waiting requests): the step is a failure whatever else it measures."""
+    bounds = {k: v for k, v in (slo or {}).items() if k in ("max_preemptions", "kv_cache_usage_max", "max_waiting")}
+    if scraper is None or not bounds:
+        return None
+    seen = 0
+
+    def broke(now: float) -> bool:
+        nonlocal seen
+        samples = scraper.samples
+        if state.open_s is None or len(samples) == seen:
+            return False
+        seen = len(samples)
+        before = [x for x in samples if x.t_s <= state.open_s]
+        inside = [x for x in samples if x.t_s > state.open_s]
+        if not inside:
+            return False
+        kv = [x.kv_cache_usage for x in inside if x.kv_cache_usage is not None]
+        if "kv_cache_usage_max" in bounds and kv and max(kv) > bounds["kv_cache_usage_max"]:
+            return True
+        waiting = [x.waiting for x in inside if x.waiting is not None]
+        if "max_waiting" in bounds and waiting and max(waiting) > bounds["max_waiting"]:
+            return True
+        if "max_preemptions" in bounds and before and before[-1].preemptions is not None:
+            last = inside[-1].preemptions
+            return last is not None and last - before[-1].preemptions > bounds["max_preemptions"]
+        return False
+
+    return broke
+
+
+def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], float], str]:
+    """The window's verdict on the sample so far, from the client-side SLOs. Server-side SLOs are
+    judged on the whole window (and early, on vLLM's gauges, by _server_broke)."""
     from replay import slo as slo_mod
 
-    def conclusive(measured: list[RequestRecord], elapsed_s: float) -> bool:
+    def judge(measured: list[RequestRecord], elapsed_s: float) -> str:
         partial = build_result(
             spec=spec,
             started_at="",
@@ -367,9 +494,9 @@ def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], flo
             slo=slo,
         )
         rule_verdicts, _ = slo_mod.verdicts(partial, slo, latency_samples(measured, spec))
-        return slo_mod.step_verdict(rule_verdicts) != "inconclusive"
+        return slo_mod.step_verdict(rule_verdicts)
 
-    return conclusive
+    return judge
 
 
 def client_summary(load: Load, send_lags_s: list[float], loop_lags_s: list[float]) -> ClientSummary:
@@ -475,13 +602,13 @@ def latency_samples(measured: list[RequestRecord], spec) -> dict[str, np.ndarray
 
 
 def _unsteady(measured: list[RequestRecord]) -> int:
-    """Leading measured requests (in arrival order) that MSER-5 finds before the steady state,
+    """Leading measured requests (in arrival order) before the steady state (replay.steady),
     read on end-to-end latency; a failed request stands in with the slowest latency seen."""
     if not measured:
         return 0
     e2e = [r.e2e_s for r in measured if r.ok]
     worst = max(e2e, default=0.0)
-    return mser5([r.e2e_s if r.ok else worst for r in measured])
+    return steady_start([r.e2e_s if r.ok else worst for r in measured])
 
 
 def _attained(measured: list[RequestRecord], slo: Mapping[str, float]) -> np.ndarray | None:

@@ -39,8 +39,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--speed", type=float, default=1.0, help="trace speed factor (default 1.0)")
     load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules (saved in the results)")
     load.add_argument("--find-max", action="store_true", help="search the highest concurrency that passes every SLO")
-    load.add_argument("--start-concurrency", type=int, default=1, help="first probe of the search (default 1)")
+    load.add_argument(
+        "--start-concurrency", type=int, default=None,
+        help="first probe of the search (default: --max-concurrency, else a saturation probe's count)",
+    )
     load.add_argument("--max-concurrency", type=int, default=None, help="cap of the search")
+    load.add_argument(
+        "--saturation-requests", type=int, default=256,
+        help="requests the saturation probe sends at once to find where the search starts (default 256)",
+    )
+    load.add_argument(
+        "--point-budget-s", type=float, default=None,
+        help="most seconds the search may take; what it could not resolve by then is reported (default: no limit)",
+    )
     load.add_argument("--no-confirm", dest="confirm_knee", action="store_false", help="do not re-measure the highest passing concurrency")
     win = p.add_argument_group("measurement window")
     win.add_argument("--warmup-requests", type=int, default=None, help="unmeasured requests first (default: the concurrency)")
@@ -48,7 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     win.add_argument("--min-requests", type=int, default=None, help="measured requests per step (default: what the SLOs' percentiles need, at least 100; 368 for a p99)")
     win.add_argument("--max-requests", type=int, default=None, help="an inconclusive step measures on to this many (default 4 x min)")
     win.add_argument("--min-window-s", type=float, default=0.0, help="shortest measurement window")
-    win.add_argument("--max-window-s", type=float, default=600.0, help="longest measurement window (default 600)")
+    win.add_argument(
+        "--max-window-s", type=float, default=None,
+        help="longest measurement window (default: sized from the request duration the warm-up measured)",
+    )
+    win.add_argument(
+        "--warmup-timeout-s", type=float, default=600.0,
+        help="a warm-up not finished after this long means a stalled server (default 600)",
+    )
     req = p.add_argument_group("requests")
     req.add_argument("--max-tokens", type=int, default=None, help="output length for lines without max_tokens")
     req.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="do not send ignore_eos: true")
@@ -92,9 +110,12 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
             max_requests=args.max_requests,
             min_window_s=args.min_window_s,
             max_window_s=args.max_window_s,
+            warmup_timeout_s=args.warmup_timeout_s,
             find_max=args.find_max,
             start_concurrency=args.start_concurrency,
             max_concurrency=args.max_concurrency,
+            saturation_requests=args.saturation_requests,
+            point_budget_s=args.point_budget_s,
             client_ttft_excess_ms=args.client_ttft_excess_ms,
             client_ttft_excess_fraction=args.client_ttft_excess_fraction,
             confirm_knee=args.confirm_knee,

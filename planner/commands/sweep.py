@@ -14,6 +14,7 @@ from planner.report import write_report
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand
 from planner.report.html import HTML_FILE
+from planner.sweep.duration import earlier_durations, expected_text, mean_request_tokens
 from planner.sweep.point import log_path, point_server
 from planner.sweep.predict import predictor
 from planner.sweep.results import RESULTS_FILE
@@ -36,7 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, required=True, help="sweep settings (TOML); see examples/")
     p.add_argument("--output", type=Path, default=Path("results/sweep"), help="results folder (default results/sweep)")
     p.add_argument("--resume", action="store_true", help="reuse finished points whose fingerprint is unchanged")
-    p.add_argument("--dry-run", action="store_true", help="print the expanded grid and each command; start nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the expanded grid, each command and its expected duration; start nothing")
+    p.add_argument(
+        "--request-duration-s", type=float, default=None,
+        help="with --dry-run: seconds a corpus request takes at full load on the target GPU, to size each point",
+    )
     p.add_argument("--prompts", default=None, help="corpus JSONL (overrides `prompts` in the file)")
     p.add_argument("--model", default=None, help="model (overrides [server] model)")
     p.add_argument("--headroom", type=float, default=None, help="fraction of max passing concurrency kept free (overrides [slo] headroom)")
@@ -72,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
     points = expand(settings)
     if args.dry_run:
         console.print(f"{len(points)} points; server command: {shlex.join(settings.server.command)}")
+        earlier = earlier_durations(args.output)
+        predict = predictor(settings)
+        window = settings.replay.window(settings.slo.rules())
+        mean_tokens = None
+        if args.request_duration_s is not None:
+            mean_tokens = mean_request_tokens(load_corpus(settings.prompts).requests, settings.replay.max_tokens or 16)
         for point in points:
             env = " ".join(f"{k}={v}" for k, v in point.env.items())
             # The same command the sweep will run (its GPUs and CPUs are chosen only then).
@@ -83,6 +94,16 @@ def run(args: argparse.Namespace) -> int:
                 soft_wrap=True,
                 highlight=False,
             )
+            expected = expected_text(
+                point,
+                earlier=earlier,
+                request_duration_s=args.request_duration_s,
+                prediction=predict(point, []) if args.request_duration_s is not None else None,
+                mean_request_tokens=mean_tokens,
+                min_requests=window.min_requests,
+                confirm=settings.replay.confirm_knee,
+            )
+            console.print(f"  {expected}", soft_wrap=True, highlight=False)
         return 0
     corpus = load_corpus(settings.prompts)
     pinned = cpus_mod.split(settings.cpus.client)

@@ -85,6 +85,13 @@ def _recommendation(data: ReportData) -> list[str]:
     if inconclusive:
         loads = ", ".join(num(s.load.value) for s in inconclusive)
         out.append(f"- Inconclusive steps (counted as failures, never as passes): {loads}")
+    unresolved = [s for s in best.steps if s.slo_verdict == "unresolved"]
+    if unresolved:
+        loads = ", ".join(num(s.load.value) for s in unresolved)
+        out.append(
+            f"- Unresolved steps (the window ran out of time before the SLOs' bounds were finite; neither"
+            f" passes nor failures): {loads}"
+        )
     binding = best.binding_constraint or "none reached (the search hit its ceiling)"
     fail_at = f", first violated at concurrency {best.min_failing}" if best.min_failing is not None else ""
     out.append(f"- Binding constraint: `{binding}`{fail_at}")
@@ -288,6 +295,9 @@ def _verdict_cell(s: StepResult) -> str:
     elif s.slo_verdict == "inconclusive":
         # Not shown to hold with 95% confidence: counted as a failure.
         verdict = "inconclusive (counts as fail): " + ", ".join(s.slo_violations)
+    elif s.slo_verdict == "unresolved":
+        # Out of time before the bounds were finite: no information, never a failure.
+        verdict = "unresolved (ran out of time; not a failure): " + ", ".join(s.slo_violations)
     else:
         failed = [k for k, v in s.slo_verdicts.items() if v == "fail"] if s.slo_verdicts else s.slo_violations
         verdict = "fail: " + ", ".join(failed)
@@ -339,7 +349,7 @@ def step_rows(steps: Sequence[StepResult], slo: dict[str, float] | None = None) 
 
 STEP_HEADER = ["load", "ok", "failed", "requests/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
                "ITL p50 ms", "ITL p99 ms", "E2E p99 ms", "KV peak", "preemptions",
-               "SLO-bound figures [95% CI]", "goodput req/s", "dropped (MSER-5)", "SLOs"]
+               "SLO-bound figures [95% CI]", "goodput req/s", "dropped (steady state)", "SLOs"]
 
 
 def _steps_section(data: ReportData) -> list[str]:

@@ -109,8 +109,15 @@ def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, s
     # (the other panel's, errors, preemptions) is marked in grey on the last curve.
     here_x, here_y, other_x, other_y = [], [], [], []
     unsure_x, unsure_y = [], []
+    timeless_x, timeless_y = [], []
     for s in p.steps:
         if s.slo_pass:
+            continue
+        if s.slo_verdict == "unresolved":
+            y = getattr(getattr(s, f"{metric}_ms"), stats[-1])
+            if y is not None:
+                timeless_x.append(s.load.value)
+                timeless_y.append(y)
             continue
         if s.slo_verdict == "inconclusive":
             y = getattr(getattr(s, f"{metric}_ms"), stats[-1])
@@ -132,6 +139,9 @@ def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, s
     if unsure_x:
         ax.scatter(unsure_x, unsure_y, marker="D", s=60, facecolors="none", edgecolors=INCONCLUSIVE_COLOR,
                    linewidths=1.5, zorder=5, label="step inconclusive (counted as a failure)")
+    if timeless_x:
+        ax.scatter(timeless_x, timeless_y, marker="o", s=60, facecolors="none", edgecolors="#888888",
+                   linewidths=1.5, zorder=5, label="step unresolved (out of time; not a failure)")
     _mark_safe(ax, p)
     _, all_y = _values(p.steps, lambda s: getattr(getattr(s, f"{metric}_ms"), stats[-1]))
     if len(all_y) and all_y.min() > 0 and all_y.max() / all_y.min() > 30:

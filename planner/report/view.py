@@ -15,6 +15,7 @@ from planner.capacity import Capacity, Failure
 from planner.sweep.results import NodeRank, PointResult, SweepResults
 from replay.results import ReplayResults, StepResult
 from replay.search import bracket
+from replay.session import concurrency_history
 
 LOAD_AXIS_LABELS = {
     "concurrency": "Concurrency (requests in flight)",
@@ -163,7 +164,7 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
     concurrency_steps = [s for s in replay.steps if s.load.mode == "concurrency"]
     if max_passing is None and min_failing is None and concurrency_steps:
         # A fixed list of loads (no --find-max) still brackets the answer.
-        b = bracket([(int(s.load.value), s.slo_pass) for s in concurrency_steps])
+        b = bracket(concurrency_history(concurrency_steps))
         max_passing, min_failing = b.max_passing, b.min_failing
     binding = replay.binding_constraint
     if binding is None and min_failing is not None:

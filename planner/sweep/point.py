@@ -5,7 +5,7 @@ concurrency, and how it ended, written into its PointResult.
       point_server(...)          the point's vLLM command, env and GPUs
       PointRunner.run            start it; on failure classify why (status, failure)
         _search_bound            tokenize the corpus once, size the search's ceiling from the KV capacity
-        _search                  Replay.search between start_concurrency and the ceiling
+        _search                  Replay.search from the ceiling (or start_concurrency) downwards
         outcome.conclude         max passing, safe concurrency, knee, GPU memory peaks
 
 Both executors call `run_point`: the local one (planner.sweep.local) with a `save` that rewrites
@@ -43,7 +43,7 @@ from replay.errors import ReplayError, StepAborted
 from replay.observer import Observers
 from replay.results import StepResult
 from replay.search import bracket
-from replay.session import Replay
+from replay.session import Replay, SearchOutcome, concurrency_history
 from replay.tokens import TOKENIZE_WORKERS, token_counts
 
 # vLLM completions' default max_tokens, used to size requests that ask for none.
@@ -259,10 +259,12 @@ class PointRunner:
             upper, limit = cap_n, "max_concurrency"
         return upper, limit
 
-    def _search(self, replay: Replay, upper: int) -> Coroutine[Any, Any, tuple[int | None, int | None]]:
-        """The point's search, from [replay] start_concurrency up to the ceiling `upper`: returns
-        (highest passing, lowest failing) concurrency."""
-        return replay.search(start=min(self.ctx.settings.replay.start_concurrency, upper), upper=upper)
+    def _search(self, replay: Replay, upper: int) -> Coroutine[Any, Any, SearchOutcome]:
+        """The point's search, capped by the ceiling `upper`. Its first probe is the ceiling itself
+        (the cheapest step to measure; the search narrows down from there, replay.search), or
+        [replay] start_concurrency when given."""
+        start = self.ctx.settings.replay.start_concurrency
+        return replay.search(start=upper if start is None else min(start, upper), upper=upper)
 
     async def _measure(self, server: VllmServer) -> None:
         ctx, r, settings = self.ctx, self.result, self.ctx.settings
@@ -313,11 +315,13 @@ class PointRunner:
             if server_died or not server.alive():
                 self._server_died(server)
                 return
-            lo, hi = search.result()
+            outcome = search.result()
+        r.unresolved_concurrency = outcome.unresolved
+        r.budget_exhausted = outcome.budget_exhausted
         conclude(
             r,
-            lo,
-            hi,
+            outcome.max_passing,
+            outcome.min_failing,
             upper=upper,
             limit=limit,
             gpus=self.point.gpus,
@@ -333,5 +337,4 @@ class PointRunner:
             exit_code=server.exit_code,
             log_tail=log_tail(server.read_log()),
         )
-        history = [(int(s.load.value), s.slo_pass) for s in self.result.steps if s.load.mode == "concurrency"]
-        self.result.max_passing_concurrency = bracket(history).max_passing
+        self.result.max_passing_concurrency = bracket(concurrency_history(self.result.steps)).max_passing

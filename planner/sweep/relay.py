@@ -51,6 +51,9 @@ class RelayObserver:
     def step_finished(self, step: StepResult) -> None:
         self._events.append(("step_finished", (step,), {}))
 
+    def probe_planned(self, concurrency: int, search_eta_s: float | None) -> None:
+        self._events.append(("probe_planned", (concurrency, search_eta_s), {}))
+
     def result(self, result: PointResult) -> None:
         self._events.append((RESULT, (result.model_dump(mode="json"),), {}))
 
@@ -86,5 +89,7 @@ def dispatch(
                 fan.request_finished(*args, **kwargs)
             case "step_finished":
                 fan.step_finished(*args)
+            case "probe_planned":
+                fan.probe_planned(*args)
             case _:
                 raise ValueError(f"relayed event {method!r} is no SweepObserver call")

@@ -99,6 +99,10 @@ class PointResult(_Model):
     # [highest conclusive pass, lowest conclusive fail]. Absent in older files.
     confirmed: bool | None = None
     knee_interval: list[int | None] | None = None
+    # Concurrencies whose every step ran out of time before it could resolve (never failures),
+    # and whether [replay] point_budget_s stopped the search before it was done.
+    unresolved_concurrency: list[int] = Field(default_factory=list)
+    budget_exhausted: bool = False
     # Peak used memory per GPU over the point's steps, and what was left of each GPU's total.
     gpu_memory_peak_mib: dict[str, float] | None = None
     gpu_memory_headroom_mib: dict[str, float] | None = None

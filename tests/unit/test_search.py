@@ -2,7 +2,17 @@ import random
 
 import pytest
 
-from replay.search import bracket, is_confirmed, knee_interval, next_probe
+from replay.search import (
+    Bracket,
+    Probe,
+    bracket,
+    is_confirmed,
+    isotonic,
+    knee_interval,
+    next_probe,
+    predicted_knee,
+    unresolved,
+)
 
 
 def run_search(threshold: int, *, start: int = 1, upper: int | None = None, precision: float = 0.05):
@@ -129,3 +139,114 @@ def test_knee_interval_takes_conclusive_verdicts_only():
     # 5 passed, then its confirmation was inconclusive: the search stepped down to 4, and the
     # interval's lower edge goes with it.
     assert knee_interval([(4, "pass"), (8, "fail"), (6, "fail"), (5, "pass"), (5, "inconclusive"), (4, "pass")]) == [4, 6]
+
+
+# --- the modelled search: start high, narrow down on the SLO ratios ------------------------------
+
+
+def run_law(ratio_at, *, upper, start=None, confirm=True, noise=None, limit=40):
+    """Drive the search against a law `ratio_at(c)` (measured / bound of one SLO; pass at <= 1).
+    `noise(c, k)` may multiply the k-th measurement at c."""
+    history, seen = [], {}
+    while (n := next_probe(history, start=start or upper, upper=upper, confirm=confirm)) is not None:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        ratio = ratio_at(n) * (noise(n, k) if noise else 1.0)
+        history.append(Probe(n, "pass" if ratio <= 1 else "fail", {"tpot_p99_ms": ratio}))
+        assert len(history) < limit, history
+    return [p.concurrency for p in history], bracket(history)
+
+
+def linear(base_ms, per_running_ms, bound_ms):
+    return lambda c: (base_ms + per_running_ms * c) / bound_ms
+
+
+@pytest.mark.parametrize("upper", [64, 128, 256, 1024])
+def test_a_smooth_law_needs_about_four_steps_plus_the_confirmation(upper):
+    # The issue's law: ITL = 2 ms + 0.02 ms x running, TPOT bound 3 ms: the knee is 50.
+    probes, b = run_law(linear(2.0, 0.02, 3.0), upper=upper)
+    assert probes[0] == upper
+    assert b.max_passing <= 50 and b.max_passing >= 48 and b.min_failing > 50
+    assert len(probes) <= 7, probes
+    # Nothing at or below a quarter of the knee is ever measured: low concurrencies only when a
+    # higher one failed, and the model skips past them.
+    assert min(probes) > 12
+
+
+def test_the_search_starts_at_the_bound_and_ends_there_when_it_passes():
+    probes, b = run_law(lambda c: 0.5, upper=59)
+    assert probes == [59, 59] and (b.max_passing, b.min_failing) == (59, None)
+
+
+def test_a_server_that_fails_at_one_answers_none_quickly():
+    probes, b = run_law(lambda c: 2.0 + c / 100, upper=128)
+    assert (b.max_passing, b.min_failing) == (None, 1)
+    assert len(probes) <= 9 and probes[-1] == 1
+
+
+def test_a_cliff_still_converges_to_the_right_answer():
+    # Latency is flat, then jumps (a KV pool that starts preempting): the model undershoots, and
+    # bisection takes over after two model probes on the same side.
+    probes, b = run_law(lambda c: 0.8 if c <= 40 else 3.0, upper=256)
+    assert (b.max_passing, b.min_failing) == (40, 41)
+    assert len(probes) <= 14, probes
+
+
+def test_a_rule_without_a_ratio_falls_back_to_bisection():
+    # Preemptions (a count) break at 30: no ratio to model, so the search bisects.
+    history = []
+    while (n := next_probe(history, start=100, upper=100)) is not None:
+        history.append(Probe(n, "pass" if n <= 30 else "fail"))
+    assert [p.concurrency for p in history][:3] == [100, 50, 25]
+    assert bracket(history) == Bracket(30, 31) or bracket(history).min_failing - bracket(history).max_passing <= 2
+
+
+def test_noise_near_the_knee_never_lifts_the_answer_above_a_failure():
+    rng = random.Random(3)
+    probes, b = run_law(linear(2.0, 0.02, 3.0), upper=256, noise=lambda c, k: rng.uniform(0.97, 1.03))
+    assert b.max_passing is not None and b.max_passing <= 51
+
+
+def test_isotonic_pools_violations():
+    assert isotonic([1.0, 3.0, 2.0, 4.0], [1, 1, 1, 1]) == [1.0, 2.5, 2.5, 4.0]
+    assert isotonic([5.0, 1.0], [1, 3]) == [2.0, 2.0]
+
+
+def test_predicted_knee_interpolates_between_the_fitted_points_around_one():
+    history = [Probe(100, "fail", {"a": 1.5}), Probe(50, "pass", {"a": 0.5})]
+    assert predicted_knee(history) == pytest.approx(75.0)
+    # The lowest crossing of any rule sets the knee.
+    history = [Probe(100, "fail", {"a": 1.5, "b": 3.0}), Probe(50, "pass", {"a": 0.5, "b": 0.5})]
+    assert predicted_knee(history) == pytest.approx(60.0)
+    # From one failing point: a ratio proportional to concurrency.
+    assert predicted_knee([Probe(90, "fail", {"a": 1.5})]) == pytest.approx(60.0)
+
+
+# --- unresolved steps: no information, never the reason for "none" -------------------------------
+
+
+def test_an_unresolved_step_is_measured_again_then_higher():
+    history = [Probe(8, "unresolved")]
+    assert next_probe(history, start=8, upper=64) == 8
+    history.append(Probe(8, "unresolved"))
+    assert next_probe(history, start=8, upper=64) == 12
+    assert unresolved(history) == [8]
+
+
+def test_unresolved_steps_never_make_the_answer_none():
+    # Everything below the failure at 64 ran out of time: the answer is unresolved, not "none
+    # (lowest failing: 1)", and the search does not walk down to 1 on them.
+    history = [Probe(64, "fail", {"a": 1.2})]
+    while (n := next_probe(history, start=64, upper=64, confirm=True)) is not None:
+        history.append(Probe(n, "unresolved"))
+        assert len(history) < 20
+    b = bracket(history)
+    assert b.max_passing is None and b.min_failing == 64
+    assert unresolved(history) and all(c < 64 for c in unresolved(history))
+    assert 1 not in [p.concurrency for p in history]
+
+
+def test_an_unresolved_step_does_not_move_the_bracket_or_the_knee_interval():
+    history = [Probe(64, "fail"), Probe(32, "pass"), Probe(48, "unresolved")]
+    assert bracket(history) == Bracket(32, 64)
+    assert knee_interval([(64, "fail"), (32, "pass"), (48, "unresolved")]) == [32, 64]

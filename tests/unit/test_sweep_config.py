@@ -156,7 +156,10 @@ def test_dry_run_prints_the_grid_and_every_command_without_secrets(tmp_path, cap
         f" --model {model} --host 127.0.0.1 --port '<free port>' --enforce-eager --max-model-len 2048"
         " --gpu-memory-utilization 0.9 --kv-cache-memory-bytes 1M --no-enable-prefix-caching"
     )
-    assert len(out) == 5
+    # Each command is followed by the point's expected duration: unknown without a previous run
+    # or --request-duration-s.
+    assert out[2] == "  expected duration unknown (give --request-duration-s, or run once into this output folder)"
+    assert len(out) == 9
     assert "s3cret" not in "\n".join(out)
 
 
