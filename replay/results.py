@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -200,6 +200,15 @@ class ReplayResults(_Model):
     # The search stopped on [replay] point_budget_s before it was done.
     budget_exhausted: bool = False
     interrupted: bool = False
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def updated(model: M, **fields: Any) -> M:
+    """A copy of `model` with `fields` replaced, validated like a new one (model_copy(update=...)
+    would take a wrong type without a word)."""
+    return type(model).model_validate({**model.model_dump(), **fields})
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -26,8 +26,8 @@ A window that ran out of time (its limit or the budget) before it had the reques
 need, with every undecided figure's estimate inside its bound, is `unresolved`: not enough time
 is not a failure, and the search treats it as no information.
 
-Before figures are computed, the steady-state rule (replay.steady) drops early measured requests
-that had not reached steady state.
+The result's figures come from replay.summary, which applies the steady-state rule
+(replay.steady) to the measured requests first.
 """
 
 from __future__ import annotations
@@ -35,26 +35,20 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-import numpy as np
-
-from replay import intervals, stats
-from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check, itl_gaps_ms
+from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
 from replay.observer import Observers, ReplayObserver
 from replay.records import RequestRecord
-from replay.results import ClientSummary, ServerSummary, StepResult
-from replay.server_metrics import MetricsScraper, summarize as summarize_server
-from replay.steady import steady_start
+from replay.results import ClientSummary, ServerSummary, StepResult, updated
+from replay.server_metrics import MetricsScraper
+from replay.server_metrics import summarize as summarize_server
+from replay.summary import build_result, client_summary, latency_samples
 
-# Above these the client, not the server, may have been the limit: its own timing is suspect.
-CLIENT_SEND_LAG_LIMIT_MS = 50.0
-CLIENT_LOOP_LAG_LIMIT_MS = 50.0
 LOOP_TICK_S = 0.01
 # An inconclusive window is judged again once it has this many times the requests it had.
 RECHECK_GROWTH = 1.25
@@ -251,11 +245,11 @@ class _Window:
         return measured
 
 
-async def _loop_lag(lags: list[float], stop: asyncio.Event) -> None:
+async def _loop_lag(lags: list[float], stop: asyncio.Event, clock: Callable[[], float]) -> None:
     while not stop.is_set():
-        t = time.perf_counter()
+        t = clock()
         await asyncio.sleep(LOOP_TICK_S)
-        lags.append(max(0.0, time.perf_counter() - t - LOOP_TICK_S))
+        lags.append(max(0.0, clock() - t - LOOP_TICK_S))
 
 
 async def run_step(
@@ -270,11 +264,15 @@ async def run_step(
     slo: dict[str, float] | None = None,
     abort: asyncio.Event | None = None,
     ttft_excess: tuple[float, float] = (TTFT_EXCESS_MS, TTFT_EXCESS_FRACTION),
+    clock: Callable[[], float] = time.perf_counter,
 ) -> StepResult:
     """Run one step and return its result. `requests` is the corpus (trace replay needs it whole).
 
     Setting `abort` stops sending at once and closes the window; requests in flight end by
     themselves (they are not cancelled: cancelling a connect midway leaks its socket).
+
+    `clock` must be the one the client stamps its records with (perf_counter for the real one; a
+    test's virtual clock for a test's sender).
     """
     from replay import slo as slo_mod
 
@@ -297,7 +295,7 @@ async def run_step(
     state = _Window(
         warmup=window.warmup_for(load),
         settings=window,
-        started_s=time.perf_counter(),
+        started_s=clock(),
         on_close=window_closed,
         load=load,
         on_open=window_opened,
@@ -331,11 +329,11 @@ async def run_step(
 
     async def open_loop(schedule) -> None:
         slots = asyncio.Semaphore(window.max_inflight)
-        t0 = time.perf_counter()
+        t0 = clock()
         for offset, req in schedule:
             if stop_sending.is_set():
                 break
-            delay = t0 + offset - time.perf_counter()
+            delay = t0 + offset - clock()
             if delay > 0:
                 try:
                     await asyncio.wait_for(stop_sending.wait(), delay)
@@ -350,16 +348,16 @@ async def run_step(
         if inflight:
             await asyncio.gather(*inflight)
         if not state.closed:
-            now = time.perf_counter()
+            now = clock()
             if state.open_s is None:
                 state.open_s = now
                 state.on_open()
             state.close(now, "trace_end")
 
-    async def clock() -> None:
+    async def ticker() -> None:
         # Closes a window on time even when no request finishes (max_window_s, min_window_s).
         while not state.closed:
-            now = time.perf_counter()
+            now = clock()
             if abort is not None and abort.is_set():
                 state.open_s = state.open_s if state.open_s is not None else now
                 state.close_s, state.closed_by = now, "abort"
@@ -369,8 +367,8 @@ async def run_step(
             await asyncio.sleep(0.05)
 
     lag_stop = asyncio.Event()
-    lag_task = asyncio.create_task(_loop_lag(loop_lags, lag_stop))
-    clock_task = asyncio.create_task(clock())
+    lag_task = asyncio.create_task(_loop_lag(loop_lags, lag_stop, clock))
+    clock_task = asyncio.create_task(ticker())
     if scraper is not None:
         scraper.start()
     try:
@@ -402,7 +400,7 @@ async def run_step(
         else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
     )
     if scraper is not None:
-        server = server.model_copy(update=scraper.window_histograms())
+        server = updated(server, **scraper.window_histograms())
     result = build_result(
         spec=spec,
         started_at=started_at,
@@ -416,29 +414,35 @@ async def run_step(
         window_open_s=state.open_s,
         slo=slo,
     )
-    result.window_closed_by = state.closed_by
-    result.window_limit_s = None if state.limit_s is None else round(state.limit_s, 3)
-    result.request_duration_s = None if state.request_duration_s is None else round(state.request_duration_s, 4)
     snaps = scraper.snapshots if scraper is not None else {}
     if "start" in snaps and "end" in snaps:
         t0, t1 = snaps["start"].t_s, snaps["end"].t_s
         client_finished = sum(1 for t in finish_times if t0 < t <= t1)
     else:
         client_finished = len(state.finished_inside)
-    result.client = cross_check(result, client_finished, excess_ms=ttft_excess[0], excess_fraction=ttft_excess[1])
+    result = updated(
+        result,
+        client=cross_check(result, client_finished, excess_ms=ttft_excess[0], excess_fraction=ttft_excess[1]),
+        window_closed_by=state.closed_by,
+        window_limit_s=None if state.limit_s is None else round(state.limit_s, 3),
+        request_duration_s=None if state.request_duration_s is None else round(state.request_duration_s, 4),
+    )
     if slo is not None:
         rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(state.measured, spec))
         verdict = slo_mod.step_verdict(rule_verdicts)
         if state.closed_by in ("time", "budget") and verdict != "pass":
             if slo_mod.only_short_of_time(result, slo, rule_verdicts, window.max_requests):
                 verdict = "unresolved"
-        # Every SLO that kept the step from passing: broken, or not shown to hold.
-        result.slo_pass = verdict == "pass"
-        result.slo_violations = [k for k, v in rule_verdicts.items() if v != "pass"]
-        result.slo_unverified = unverified
-        result.slo_verdict = verdict
-        result.slo_verdicts = rule_verdicts
-        result.slo_views = {key: slo_mod.view(key) for key in slo}
+        result = updated(
+            result,
+            slo_pass=verdict == "pass",
+            # Every SLO that kept the step from passing: broken, or not shown to hold.
+            slo_violations=[k for k, v in rule_verdicts.items() if v != "pass"],
+            slo_unverified=unverified,
+            slo_verdict=verdict,
+            slo_verdicts=rule_verdicts,
+            slo_views={key: slo_mod.view(key) for key in slo},
+        )
     obs.step_finished(result)
     return result
 
@@ -497,138 +501,3 @@ def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], flo
         return slo_mod.step_verdict(rule_verdicts)
 
     return judge
-
-
-def client_summary(load: Load, send_lags_s: list[float], loop_lags_s: list[float]) -> ClientSummary:
-    send_p99 = stats.lag_p99_ms(send_lags_s) if not isinstance(load, Concurrency) else None
-    loop_p99 = stats.lag_p99_ms(loop_lags_s)
-    notes = []
-    if send_p99 is not None and send_p99 > CLIENT_SEND_LAG_LIMIT_MS:
-        notes.append(f"requests left {send_p99:.0f} ms late (p99) against their schedule")
-    if loop_p99 is not None and loop_p99 > CLIENT_LOOP_LAG_LIMIT_MS:
-        notes.append(f"the client's event loop lagged {loop_p99:.0f} ms (p99)")
-    return ClientSummary(
-        send_lag_p99_ms=send_p99,
-        loop_lag_p99_ms=loop_p99,
-        client_limited=bool(notes),
-        note="; ".join(notes) + ": the client, not the server, may have been the limit" if notes else None,
-    )
-
-
-def build_result(
-    *,
-    spec,
-    started_at: str,
-    warmup: int,
-    window_s: float,
-    measured: list[RequestRecord],
-    finished_inside: list[RequestRecord],
-    drained: int,
-    server: ServerSummary,
-    client: ClientSummary,
-    window_open_s: float | None = None,
-    slo: Mapping[str, float] | None = None,
-) -> StepResult:
-    # Arrival order: the intervals read the sample's autocorrelation from it.
-    measured = sorted(measured, key=lambda r: r.send_s)
-    # A trace is replayed as recorded, start included; there is no steady state to wait for.
-    dropped = _unsteady(measured) if spec.mode != "trace" else 0
-    measured = measured[dropped:]
-    ok = [r for r in measured if r.ok]
-    failed = [r for r in measured if not r.ok]
-    errors = Counter(r.error for r in failed)
-    samples: dict[str, str] = {}
-    for r in failed:
-        samples.setdefault(r.error, (r.error_detail or "")[:300])
-    done_ok = [r for r in finished_inside if r.ok]
-    duration = max(window_s, 1e-9)
-    sources = {r.tokens_source for r in done_ok}
-    tokens_source = "none" if not sources else (sources.pop() if len(sources) == 1 else "mixed")
-    itl_gaps, bursts, burst_gaps = itl_gaps_ms(ok)
-    client = client.model_copy(update={"itl_bursts": bursts, "itl_burst_gaps": burst_gaps})
-    prompt_counts = [r.prompt_tokens for r in done_ok]
-    input_tps = (
-        sum(prompt_counts) / duration if done_ok and all(c is not None for c in prompt_counts) else None
-    )
-    def out_tokens(r: RequestRecord) -> int:
-        return r.completion_tokens if r.completion_tokens is not None else len(r.token_times_s)
-
-    output_tokens = sum(out_tokens(r) for r in done_ok)
-    rps_ci = tps_ci = None
-    if window_open_s is not None and done_ok:
-        ends = [r.end_s for r in done_ok]
-        rps_ci = list(intervals.rate_interval(ends, [1.0] * len(ends), window_open_s, window_open_s + window_s))
-        tps_ci = list(intervals.rate_interval(ends, [out_tokens(r) for r in done_ok], window_open_s, window_open_s + window_s))
-    attained = _attained(measured, slo) if slo else None
-    attainment = float(attained.mean()) if attained is not None and attained.size else None
-    return StepResult(
-        load=spec,
-        started_at=started_at,
-        warmup_requests=warmup,
-        window_s=window_s,
-        requests_ok=len(ok),
-        requests_failed=len(failed),
-        requests_drained=drained,
-        errors=dict(errors),
-        error_samples=samples,
-        ttft_ms=stats.summarize(stats.ttft_ms(ok)),
-        itl_ms=stats.summarize(itl_gaps),
-        tpot_ms=stats.summarize(stats.tpot_ms(ok)),
-        e2e_ms=stats.summarize(stats.e2e_ms(ok)),
-        requests_per_s=len(done_ok) / duration,
-        input_tokens_per_s=input_tps,
-        output_tokens_per_s=output_tokens / duration,
-        tokens_source=tokens_source,
-        server=server,
-        client=client,
-        slo_pass=True,
-        requests_per_s_ci95=rps_ci,
-        output_tokens_per_s_ci95=tps_ci,
-        slo_attainment=attainment,
-        slo_attainment_ci95=list(intervals.proportion_interval(attained)) if attainment is not None else None,
-        goodput_requests_per_s=None if attainment is None else len(done_ok) / duration * attainment,
-        steady_state_dropped=dropped,
-    )
-
-
-def latency_samples(measured: list[RequestRecord], spec) -> dict[str, np.ndarray]:
-    """Each latency metric's values over the requests build_result keeps, in arrival order."""
-    ordered = sorted(measured, key=lambda r: r.send_s)
-    if spec.mode != "trace":
-        ordered = ordered[_unsteady(ordered) :]
-    ok = [r for r in ordered if r.ok]
-    # ITL as the step reports it: gaps inside a burst (below the clock's resolution) left out.
-    return {"ttft": stats.ttft_ms(ok), "itl": itl_gaps_ms(ok)[0], "tpot": stats.tpot_ms(ok), "e2e": stats.e2e_ms(ok)}
-
-
-def _unsteady(measured: list[RequestRecord]) -> int:
-    """Leading measured requests (in arrival order) before the steady state (replay.steady),
-    read on end-to-end latency; a failed request stands in with the slowest latency seen."""
-    if not measured:
-        return 0
-    e2e = [r.e2e_s for r in measured if r.ok]
-    worst = max(e2e, default=0.0)
-    return steady_start([r.e2e_s if r.ok else worst for r in measured])
-
-
-def _attained(measured: list[RequestRecord], slo: Mapping[str, float]) -> np.ndarray | None:
-    """Per measured request (arrival order): did it succeed and meet every per-request bound?
-    None when the SLOs bound no per-request latency."""
-    from replay import slo as slo_mod
-
-    bounds = slo_mod.per_request_bounds(slo)
-    if not bounds:
-        return None
-    hits = []
-    for r in measured:
-        ok = r.ok
-        if ok and "ttft" in bounds:
-            ok = r.ttft_s is not None and r.ttft_s * 1e3 <= bounds["ttft"]
-        if ok and "e2e" in bounds:
-            ok = r.e2e_s * 1e3 <= bounds["e2e"]
-        if ok and "tpot" in bounds:
-            tpot = stats.tpot_ms([r])
-            # A one-token answer has no TPOT to break.
-            ok = tpot.size == 0 or float(tpot[0]) <= bounds["tpot"]
-        hits.append(ok)
-    return np.asarray(hits, dtype=bool)

@@ -1,66 +1,34 @@
 """The step runner against an in-memory sender: in-flight counts, windows, drains, schedules."""
 
 import asyncio
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import pytest
 
 from replay.load import Concurrency, PoissonRate, TraceReplay
 from replay.records import RequestRecord
 from replay.step import RequestCursor, Window, run_step
+from tests.fakes.senders import CORPUS, Req, SleepySender
+from tests.fakes.virtual_time import run_virtual, virtual_clock
 
 
-@dataclass
-class Req:
-    id: str
-    timestamp_s: float | None = None
-
-
-@dataclass
-class SleepySender:
-    """Each request takes `latency_s`; the first token arrives after `ttft_s`."""
-
-    latency_s: float = 0.02
-    ttft_s: float = 0.005
-    fail_every: int = 0
-    inflight: int = 0
-    peak: int = 0
-    sent: list = field(default_factory=list)
-
-    async def send(self, request, *, scheduled_s=None) -> RequestRecord:
-        self.inflight += 1
-        self.peak = max(self.peak, self.inflight)
-        self.sent.append((time.perf_counter(), request.id))
-        start = time.perf_counter()
-        try:
-            await asyncio.sleep(self.ttft_s)
-            first = time.perf_counter()
-            await asyncio.sleep(self.latency_s - self.ttft_s)
-            end = time.perf_counter()
-        finally:
-            self.inflight -= 1
-        error = "http_500" if self.fail_every and len(self.sent) % self.fail_every == 0 else None
-        return RequestRecord(
-            request_id=request.id, send_s=start, end_s=end, first_token_s=None if error else first,
-            token_times_s=[] if error else [first, end], prompt_tokens=10, completion_tokens=2,
-            error=error, scheduled_s=scheduled_s,
-        )
-
-
-CORPUS = [Req(f"r{i}", timestamp_s=i * 0.01) for i in range(50)]
+def virtual_step(sender: SleepySender, *args, **kwargs):
+    """run_step on a virtual clock: every duration exact, whatever the machine's load."""
+    sender.clock = virtual_clock
+    return run_virtual(run_step(sender, *args, clock=virtual_clock, **kwargs))
 
 
 def test_closed_loop_keeps_n_in_flight_and_measures_the_window():
     sender = SleepySender()
-    result = asyncio.run(
-        run_step(sender, RequestCursor(CORPUS), Concurrency(8), Window(min_requests=40), slo={"ttft_p50_ms": 1000})
-    )
+    result = virtual_step(sender, RequestCursor(CORPUS), Concurrency(8), Window(min_requests=40), slo={"ttft_p50_ms": 1000})
     assert sender.peak == 8
     assert result.warmup_requests == 8
     assert result.requests_ok + result.steady_state_dropped >= 40 and result.requests_failed == 0
     # everything still running when the window closed was drained, not counted or failed
     assert result.requests_drained >= 1
     assert result.ttft_ms.p50 >= 5.0
-    assert result.requests_per_s > 100
+    # 8 in flight, 20 ms each: 400 requests/s.
+    assert result.requests_per_s == pytest.approx(400, rel=0.05)
     assert result.slo_pass and result.load.mode == "concurrency"
     assert result.server.metrics_available is False
 
@@ -88,37 +56,31 @@ def test_cursor_continues_across_steps():
 
 def test_poisson_rate_is_held_and_lag_is_measured():
     sender = SleepySender(latency_s=0.01, ttft_s=0.002)
-    result = asyncio.run(
-        run_step(sender, RequestCursor(CORPUS), PoissonRate(100.0, seed=1), Window(warmup_requests=5, min_requests=100))
-    )
+    result = virtual_step(sender, RequestCursor(CORPUS), PoissonRate(100.0, seed=1), Window(warmup_requests=5, min_requests=100))
     assert result.load.seed == 1
-    assert 60 < result.requests_per_s < 160
+    # 100 Poisson arrivals at 100/s: within three standard deviations (30%) of the rate.
+    assert 70 < result.requests_per_s < 130
     assert result.client.send_lag_p99_ms is not None
     assert result.client.loop_lag_p99_ms is not None
 
 
 def test_trace_replay_sends_at_the_timestamps_and_ends_with_the_trace():
     sender = SleepySender(latency_s=0.005, ttft_s=0.001)
-    result = asyncio.run(
-        run_step(
-            sender, RequestCursor(CORPUS), TraceReplay(speed=2.0), Window(min_requests=1000), requests=CORPUS
-        )
-    )
+    result = virtual_step(sender, RequestCursor(CORPUS), TraceReplay(speed=2.0), Window(min_requests=1000), requests=CORPUS)
     times = [t for t, _ in sender.sent]
-    span = times[-1] - times[0]
-    # 49 gaps of 10 ms at double speed: about 0.245 s
-    assert 0.2 < span < 0.5
+    # 49 gaps of 10 ms at double speed.
+    assert times[-1] - times[0] == pytest.approx(0.245)
     assert result.requests_ok == 50
 
 
 def test_max_window_closes_a_stalled_step():
     sender = SleepySender(latency_s=0.3, ttft_s=0.1)
-    t = time.perf_counter()
-    result = asyncio.run(
-        run_step(sender, RequestCursor(CORPUS), Concurrency(2), Window(warmup_requests=0, min_requests=1000, max_window_s=0.5))
+    result = virtual_step(
+        sender, RequestCursor(CORPUS), Concurrency(2), Window(warmup_requests=0, min_requests=1000, max_window_s=0.5)
     )
-    assert time.perf_counter() - t < 3
-    assert result.window_s >= 0.5
+    # Closed by the window's clock (it ticks every 50 ms), not by a request.
+    assert result.window_closed_by == "time"
+    assert 0.5 <= result.window_s <= 0.55
     assert result.requests_ok < 1000
 
 

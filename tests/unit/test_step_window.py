@@ -6,7 +6,7 @@ import pytest
 
 from replay.load import Concurrency
 from replay.step import EARLY_FAIL_REQUESTS, SIZE_FACTOR, RequestCursor, Window, expected_window_s, run_step
-from tests.unit.test_step import CORPUS, SleepySender
+from tests.fakes.senders import CORPUS, SleepySender
 
 # TPOT is latency - ttft = 15 ms for SleepySender's defaults.
 P99_MIN = 368
