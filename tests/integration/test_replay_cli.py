@@ -33,15 +33,17 @@ def test_find_max_against_a_server_whose_latency_grows_with_load(tmp_path, spawn
     out = tmp_path / "out"
     code = main([
         "replay", "--prompts", str(corpus(tmp_path)), "--url", url, "--find-max", "--min-requests", "20",
-        "--slo", "tpot_p50_ms=120,error_rate=0", "--output", str(out),
+        "--max-concurrency", "8", "--slo", "tpot_p50_ms=120,error_rate=0", "--output", str(out),
     ])
     assert code == 0
     results = ReplayResults.model_validate_json((out / "replay.json").read_text())
-    # The highest pass (2) is measured again on fresh prompts before the search ends.
-    assert [int(s.load.value) for s in results.steps] == [1, 2, 4, 3, 2]
+    # From the cap (8: TPOT 340 ms, 2.8 times the bound) the search goes straight to 8 / 2.8 = 2,
+    # then one step above (3); the highest pass (2) is measured again on fresh prompts.
+    assert [int(s.load.value) for s in results.steps] == [8, 2, 3, 2]
     assert (results.max_passing_concurrency, results.min_failing_concurrency) == (2, 3)
     assert results.confirmed and results.knee_interval == [2, 3]
-    assert [s.slo_verdict for s in results.steps] == ["pass", "pass", "fail", "fail", "pass"]
+    assert [s.slo_verdict for s in results.steps] == ["fail", "pass", "fail", "pass"]
+    assert (results.search_start, results.search_start_reason) == (8, "max_concurrency")
     assert results.binding_constraint == "tpot_p50_ms"
     assert results.model == "fake-model" and results.corpus.requests == 80 and len(results.corpus.sha256) == 64
     assert all(s.requests_ok >= 20 and s.tokens_source == "usage" for s in results.steps)
