@@ -19,6 +19,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "I32": 4, "U8": 1}
 
@@ -186,3 +187,21 @@ def sharded(tensors: dict[str, tuple[str, tuple[int, ...]]], shards: int) -> tup
         weight_map |= {n: fname for n in part}
     index = json.dumps({"metadata": {"total_size": sum(f.data_bytes for f in files.values())}, "weight_map": weight_map}).encode()
     return files, index
+
+
+def write_hub_cache(cache: Path, models: dict[str, tuple[bytes, int]], commit: str) -> None:
+    """A Hub cache (HF_HUB_CACHE) as huggingface_hub lays it out, for {repo: (config.json, shards)}:
+    refs/main -> commit, snapshots/<commit>/ with config.json and, when shards > 0, the index and
+    header-only safetensors files of a Llama-shaped checkpoint (no weights)."""
+    for repo, (config, shards) in models.items():
+        root = cache / f"models--{repo.replace('/', '--')}"
+        snap = root / "snapshots" / commit
+        snap.mkdir(parents=True)
+        (root / "refs").mkdir()
+        (root / "refs" / "main").write_text(commit)
+        (snap / "config.json").write_bytes(config)
+        if shards:
+            files, index = sharded(llama_tensors(json.loads(config)), shards)
+            (snap / "model.safetensors.index.json").write_bytes(index)
+            for name, f in files.items():
+                (snap / name).write_bytes(f.head)

@@ -4,55 +4,13 @@ tests/fixtures/model_configs and header-only safetensors (no weights), offline."
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
-from huggingface_hub import constants
 
 from planner.cli import main
-from tests.fakes.fake_hub import commit_of, llama_tensors, sharded
 
 ROOT = Path(__file__).parent.parent.parent
-CONFIGS = ROOT / "tests" / "fixtures" / "model_configs"
-
-# Hub name -> (config fixture, safetensors shards written as header-only files, or 0 for config.json only).
-MODELS = {
-    "meta-llama/Llama-3.1-8B-Instruct": ("llama-3.1-8b-instruct.json", 4),
-    "meta-llama/Llama-3.1-70B-Instruct": ("llama-3.1-70b-instruct.json", 30),
-    "mistralai/Mixtral-8x7B-Instruct-v0.1": ("mixtral-8x7b-v0.1.json", 0),
-}
-
-
-@pytest.fixture(scope="module")
-def hub_cache(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("hf") / "hub"
-    commit = commit_of("main")
-    for repo, (fixture, shards) in MODELS.items():
-        root = cache / f"models--{repo.replace('/', '--')}"
-        snap = root / "snapshots" / commit
-        snap.mkdir(parents=True)
-        (root / "refs").mkdir()
-        (root / "refs" / "main").write_text(commit)
-        config = (CONFIGS / fixture).read_bytes()
-        (snap / "config.json").write_bytes(config)
-        if shards:
-            files, index = sharded(llama_tensors(json.loads(config)), shards)
-            (snap / "model.safetensors.index.json").write_bytes(index)
-            for name, f in files.items():
-                (snap / name).write_bytes(f.head)
-    return cache
-
-
-@pytest.fixture
-def offline(hub_cache, monkeypatch):
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.delenv("PLANNER_GPU", raising=False)
-    for key in [k for k in os.environ if k.startswith("PLANNER_") and "__" in k]:
-        monkeypatch.delenv(key)
-
 
 # (example, points, what the dry run must say of them)
 EXAMPLES = [
@@ -65,7 +23,7 @@ EXAMPLES = [
 
 
 @pytest.mark.parametrize(("example", "points", "says"), EXAMPLES, ids=[e[0] for e in EXAMPLES])
-def test_each_example_dry_runs_with_an_estimate_for_every_point(offline, capsys, tmp_path, example, points, says):
+def test_each_example_dry_runs_with_an_estimate_for_every_point(offline_hub, capsys, tmp_path, example, points, says):
     rc = main(["sweep", "--config", str(ROOT / "examples" / example), "--dry-run", "--request-duration-s", "20", "--output", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -82,7 +40,7 @@ def test_each_example_dry_runs_with_an_estimate_for_every_point(offline, capsys,
         assert "predicts no KV pool" not in line, line
 
 
-def test_the_l4_example_prunes_only_the_long_bf16_context(offline, capsys, tmp_path):
+def test_the_l4_example_prunes_only_the_long_bf16_context(offline_hub, capsys, tmp_path):
     main(["sweep", "--config", str(ROOT / "examples" / "l4-llama-8b-fp8-kv.toml"), "--dry-run", "--request-duration-s", "20", "--output", str(tmp_path)])
     lines = capsys.readouterr().out.splitlines()
     refused = [cmd for cmd, exp in zip(lines[1::2], lines[2::2]) if exp == "  expected to end at start-up: the estimate predicts it does not fit"]
