@@ -136,6 +136,8 @@ class TrainEstimate(_Section):
     """`planner estimate --train --json` prints its model_dump(mode="json")."""
 
     model: str
+    # The Hub commit the model was read at; None for a local folder.
+    revision: str | None = None
     model_type: str
     settings: dict
     gpus: int
@@ -364,6 +366,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
     lora = sum(p.numel for p in params if p.kind == "lora")
     return TrainEstimate(
         model=settings.model,
+        revision=model.revision,
         model_type=arch.model_type,
         settings={**settings.model_dump(mode="json"), "seq_len": seq_len, "gpu": gpu_name, "gpu_memory_bytes": total_gpu},
         gpus=settings.data_parallel * tp,

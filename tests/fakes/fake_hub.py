@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import struct
 import threading
@@ -176,12 +177,11 @@ def llama_tensors(config: dict, dtype: str = "BF16") -> dict[str, tuple[str, tup
 def sharded(tensors: dict[str, tuple[str, tuple[int, ...]]], shards: int) -> tuple[dict[str, SafetensorsFile], bytes]:
     """({file name: its header-only file}, the index JSON) for a checkpoint split in `shards` files."""
     names = list(tensors)
-    per = -(-len(names) // shards)
     files: dict[str, SafetensorsFile] = {}
     weight_map: dict[str, str] = {}
     for s in range(shards):
         fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        part = {n: tensors[n] for n in names[s * per : (s + 1) * per]}
+        part = {n: tensors[n] for n in names[s::shards]}
         head, data = safetensors_header(part)
         files[fname] = SafetensorsFile(head, data)
         weight_map |= {n: fname for n in part}
@@ -189,19 +189,27 @@ def sharded(tensors: dict[str, tuple[str, tuple[int, ...]]], shards: int) -> tup
     return files, index
 
 
+def write_cached_repo(cache: Path, repo: str, files: dict[str, bytes], commit: str) -> None:
+    """One repo in a Hub cache (HF_HUB_CACHE) as huggingface_hub writes it: blobs/ by etag,
+    snapshots/<commit>/ linking to them, refs/main -> commit."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snap = root / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(commit)
+    (root / "blobs").mkdir()
+    for name, data in files.items():
+        blob = root / "blobs" / commit_of(repo + name)
+        blob.write_bytes(data)
+        (snap / name).symlink_to(os.path.relpath(blob, snap))
+
+
 def write_hub_cache(cache: Path, models: dict[str, tuple[bytes, int]], commit: str) -> None:
-    """A Hub cache (HF_HUB_CACHE) as huggingface_hub lays it out, for {repo: (config.json, shards)}:
-    refs/main -> commit, snapshots/<commit>/ with config.json and, when shards > 0, the index and
-    header-only safetensors files of a Llama-shaped checkpoint (no weights)."""
+    """A Hub cache for {repo: (config.json, shards)}: config.json and, when shards > 0, the index
+    and header-only safetensors files of a Llama-shaped checkpoint (no weights)."""
     for repo, (config, shards) in models.items():
-        root = cache / f"models--{repo.replace('/', '--')}"
-        snap = root / "snapshots" / commit
-        snap.mkdir(parents=True)
-        (root / "refs").mkdir()
-        (root / "refs" / "main").write_text(commit)
-        (snap / "config.json").write_bytes(config)
+        files = {"config.json": config}
         if shards:
-            files, index = sharded(llama_tensors(json.loads(config)), shards)
-            (snap / "model.safetensors.index.json").write_bytes(index)
-            for name, f in files.items():
-                (snap / name).write_bytes(f.head)
+            shard_files, index = sharded(llama_tensors(json.loads(config)), shards)
+            files |= {"model.safetensors.index.json": index, **{n: f.head for n, f in shard_files.items()}}
+        write_cached_repo(cache, repo, files, commit)

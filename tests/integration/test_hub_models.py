@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.fake_hub import FakeHub, Repo, commit_of, llama_tensors, serve, sharded
+from tests.fakes.fake_hub import FakeHub, Repo, commit_of, llama_tensors, serve, sharded, write_cached_repo
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "model_configs"
 CONFIG = (FIXTURES / "llama-3-8b.json").read_bytes()
@@ -108,26 +108,13 @@ def test_hub_errors_are_one_line_saying_which_model_why_and_what_to_do(hub, tmp_
     assert (out.returncode, out.stderr) == (2, f"planner estimate: error: {line}\n")
 
 
-def write_cache(home: Path, repo: str, files: dict[str, bytes]) -> None:
-    """A Hub cache as huggingface_hub writes it: blobs by etag, snapshot links, refs/main."""
-    root = home / "hub" / f"models--{repo.replace('/', '--')}"
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(MAIN)
-    (root / "blobs").mkdir()
-    snap = root / "snapshots" / MAIN
-    snap.mkdir(parents=True)
-    for name, data in files.items():
-        blob = root / "blobs" / commit_of(name)
-        blob.write_bytes(data)
-        (snap / name).symlink_to(os.path.relpath(blob, snap))
-
-
 def test_offline_reads_the_cache_only(hub, tmp_path):
     # Safetensors files in the cache are header-only here: only their headers are read.
-    write_cache(tmp_path, "meta-llama/Llama-3.1-8B-Instruct", {
+    cache = tmp_path / "hub"
+    write_cached_repo(cache, "meta-llama/Llama-3.1-8B-Instruct", {
         "config.json": CONFIG, "model.safetensors.index.json": INDEX, **{n: f.head for n, f in SHARDS.items()},
-    })  # fmt: skip
-    write_cache(tmp_path, "org/config-only", {"config.json": CONFIG})
+    }, MAIN)  # fmt: skip
+    write_cached_repo(cache, "org/config-only", {"config.json": CONFIG}, MAIN)
     hub.requests.clear()
     # The endpoint is the fake Hub, so a request would be seen: offline mode makes none.
     env = hub_env(hub, tmp_path, HF_HUB_OFFLINE="1")

@@ -70,3 +70,4 @@ def test_an_existing_file_is_kept_without_force(offline_hub, capsys, tmp_path):
     out.write_text("mine")
     rc, _, stderr = init(capsys, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--output", str(out))
     assert (rc, stderr, out.read_text()) == (2, f"planner init: error: {out} exists; give --force to overwrite it, or another --output\n", "mine")
+
