@@ -150,7 +150,8 @@ def serve(hub: FakeHub) -> tuple[ThreadingHTTPServer, threading.Thread]:
 
 
 def llama_tensors(config: dict, dtype: str = "BF16") -> dict[str, tuple[str, tuple[int, ...]]]:
-    """The tensors (names and shapes) of a Llama-shaped checkpoint for this config.json."""
+    """The tensors (names and shapes) of a Llama-shaped checkpoint for this config.json (Mixtral's
+    experts when it has num_local_experts)."""
     h, v, inter = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
     hd = config.get("head_dim") or h // heads
@@ -162,12 +163,22 @@ def llama_tensors(config: dict, dtype: str = "BF16") -> dict[str, tuple[str, tup
             p + "self_attn.k_proj.weight": (dtype, (kv * hd, h)),
             p + "self_attn.v_proj.weight": (dtype, (kv * hd, h)),
             p + "self_attn.o_proj.weight": (dtype, (h, heads * hd)),
-            p + "mlp.gate_proj.weight": (dtype, (inter, h)),
-            p + "mlp.up_proj.weight": (dtype, (inter, h)),
-            p + "mlp.down_proj.weight": (dtype, (h, inter)),
             p + "input_layernorm.weight": (dtype, (h,)),
             p + "post_attention_layernorm.weight": (dtype, (h,)),
         }
+        experts = config.get("num_local_experts")
+        if experts:
+            # Mixtral: a router and every expert's w1 (gate), w3 (up) and w2 (down).
+            out[p + "block_sparse_moe.gate.weight"] = (dtype, (experts, h))
+            for e in range(experts):
+                q = f"{p}block_sparse_moe.experts.{e}."
+                out |= {q + "w1.weight": (dtype, (inter, h)), q + "w3.weight": (dtype, (inter, h)), q + "w2.weight": (dtype, (h, inter))}
+        else:
+            out |= {
+                p + "mlp.gate_proj.weight": (dtype, (inter, h)),
+                p + "mlp.up_proj.weight": (dtype, (inter, h)),
+                p + "mlp.down_proj.weight": (dtype, (h, inter)),
+            }
     out["model.norm.weight"] = (dtype, (h,))
     if not config.get("tie_word_embeddings"):
         out["lm_head.weight"] = (dtype, (v, h))

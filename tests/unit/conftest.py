@@ -18,7 +18,9 @@ CONFIGS = Path(__file__).parent.parent / "fixtures" / "model_configs"
 MODELS = {
     "meta-llama/Llama-3.1-8B-Instruct": ("llama-3.1-8b-instruct.json", 4),
     "meta-llama/Llama-3.1-70B-Instruct": ("llama-3.1-70b-instruct.json", 30),
-    "mistralai/Mixtral-8x7B-Instruct-v0.1": ("mixtral-8x7b-v0.1.json", 0),
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": ("mixtral-8x7b-v0.1.json", 19),
+    # A model cached without its safetensors index: weights from the parameter count.
+    "org/config-only": ("llama-3.1-8b-instruct.json", 0),
 }
 
 

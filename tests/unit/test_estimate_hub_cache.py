@@ -21,7 +21,9 @@ def test_a_sweep_points_prediction_keeps_the_commit(offline_hub):
 
     est = estimate_point("meta-llama/Llama-3.1-70B-Instruct", {"tensor_parallel_size": 4, "max_model_len": "32K"}, gpu="H100")
     assert (est.model.revision, est.weights.read_from, est.weights.files) == (commit_of("main"), "Hub cache", 30)
-    # Mixtral is cached without safetensors: its weights are the labelled config estimate.
+    # Mixtral's every expert is counted: 46.7 B parameters in bf16.
     est = estimate_point("mistralai/Mixtral-8x7B-Instruct-v0.1", {"tensor_parallel_size": 2}, gpu="H100")
+    assert (est.weights.source, est.weights.total_bytes) == ("safetensors", 2 * 46_702_792_704)
+    est = estimate_point("org/config-only", {}, gpu="H100")
     assert (est.weights.source, est.weights.read_from) == ("config", "config.json")
     assert "weights: parameter count from config.json x dtype bytes (HF_HUB_OFFLINE=1 and the safetensors index is not in the Hub cache)" in est.estimates
