@@ -22,6 +22,33 @@ def comma_list(kind: Callable[[str], object], what: str) -> Callable[[str], list
     return parse
 
 
+def scalar(text: str) -> int | float | bool | str:
+    """A flag's value as TOML would type it: 8192 -> int, 0.9 -> float, true -> bool, else the text."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def key_values(flag: str, *, many: bool) -> Callable[[str], tuple[str, object]]:
+    """`KEY=V` (or `KEY=V,V,...` when many) -> (KEY, value or [values])."""
+
+    def parse(text: str) -> tuple[str, object]:
+        key, sep, value = text.partition("=")
+        values = [scalar(v) for v in value.split(",") if v.strip()] if many else [scalar(value)] if value.strip() else []
+        if not sep or not key.strip() or not values:
+            shape = "KEY=VALUE[,VALUE...]" if many else "KEY=VALUE"
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected {shape}")
+        return key.strip().replace("-", "_"), values if many else values[0]
+
+    return parse
+
+
 def env_default(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 

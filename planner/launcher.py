@@ -37,6 +37,7 @@ import httpx
 
 from planner.capacity import Capacity
 from planner.errors import LaunchError, ServerStartFailed
+from planner.estimate.hub import vllm_model_flags
 from planner.ports import free_port, port_is_free
 from planner.redaction import redact
 from planner.vllm_args import flag_int, has_flag, take_api_key
@@ -161,7 +162,7 @@ class VllmServer:
     def command(self) -> list[str]:
         """The command line as run (the API key travels in VLLM_API_KEY, never here)."""
         port = str(self.port) if self.port is not None else "<free port>"
-        return [*self._command, "--model", self.model, "--host", self.host, "--port", port, *self._args]
+        return [*self._command, *vllm_model_flags(self.model), "--host", self.host, "--port", port, *self._args]
 
     @property
     def command_for_record(self) -> list[str]:

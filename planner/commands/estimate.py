@@ -27,7 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
             "the KV pool vLLM would allocate, its concurrency, and whether max_model_len fits."
         ),
     )
-    p.add_argument("--model", required=True, type=Path, help="local model folder (config.json + safetensors) or a config.json")
+    p.add_argument(
+        "--model", required=True,
+        help="Hub name as for vllm serve (org/name or org/name@revision; HF_HOME, HF_TOKEN, HF_HUB_OFFLINE honoured), "
+        "a local model folder (config.json + safetensors) or a config.json",
+    )  # fmt: skip
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu", help="gpu (default), or cpu for vLLM's CPU build")
     p.add_argument("--gpu", default=env_default("PLANNER_GPU"), help=f"GPU from the catalogue: {', '.join(CATALOG)} (env PLANNER_GPU)")
     p.add_argument(
@@ -117,11 +121,13 @@ def render(r: Estimate) -> list[str]:
     """The text report of one estimate; a pure function of it."""
     m, s, w, v = r.model, r.settings, r.weights, r.verdict
     where = s.gpu or (f"{s.gpu_memory_bytes / GIB:.2f} GiB GPU" if s.gpu_memory_bytes else s.device.upper())
+    at = f" at {m.revision[:12]}" if m.revision else ""
     lines = [
-        f"{m.path} ({m.model_type}), tensor-parallel {s.tensor_parallel_size} on {where}, "
+        f"{m.path}{at} ({m.model_type}), tensor-parallel {s.tensor_parallel_size} on {where}, "
         f"max-model-len {s.max_model_len:,}, kv-cache-dtype {s.kv_cache_dtype}, block {s.block_size}"
     ]
-    how = f"exact: {w.tensors} tensors in {w.files} safetensors file(s)" if w.exact else f"estimate: {w.parameters / 1e9:.2f}B parameters from config.json"
+    read = f", {w.read_from}" if w.read_from and w.read_from != "local files" else ""
+    how = f"exact: {w.tensors} tensors in {w.files} safetensors file(s){read}" if w.exact else f"estimate: {w.parameters / 1e9:.2f}B parameters from config.json"
     b = r.budget
     rows = [("weights per GPU, a lower bound (" + how + ")", w.per_gpu_bytes)]
     if b is not None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from pathlib import Path
 
 from planner import cpus as cpus_mod
 from planner import interrupt
-from planner.cliargs import add_metrics_args, env_default, metrics_exporter
+from planner.cliargs import add_metrics_args, env_default, key_values, metrics_exporter
+from planner.errors import ConfigError
 from planner.progress import StepProgress
 from planner.report import write_report
 from planner.sweep.config import load_settings
@@ -34,7 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             " ...), then these flags."
         ),
     )
-    p.add_argument("--config", type=Path, required=True, help="sweep settings (TOML); see examples/")
+    p.add_argument(
+        "--config", type=Path, default=None,
+        help="sweep settings (TOML); see examples/. Without it, a sweep from flags: --model, --grid, --slo, --prompts",
+    )  # fmt: skip
     p.add_argument("--output", type=Path, default=Path("results/sweep"), help="results folder (default results/sweep)")
     p.add_argument("--resume", action="store_true", help="reuse finished points whose fingerprint is unchanged")
     p.add_argument("--dry-run", action="store_true", help="print the expanded grid, each command and its expected duration; start nothing")
@@ -43,7 +48,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --dry-run: seconds a corpus request takes at full load on the target GPU, to size each point",
     )
     p.add_argument("--prompts", default=None, help="corpus JSONL (overrides `prompts` in the file)")
-    p.add_argument("--model", default=None, help="model (overrides [server] model)")
+    p.add_argument("--model", default=None, help="Hub name (org/name[@revision]) or model folder (overrides [server] model)")
+    p.add_argument(
+        "--grid", action="append", default=[], type=key_values("--grid", many=True), metavar="KEY=V[,V...]",
+        help="a grid axis, any vLLM flag in underscore form: max_model_len=8192,32768 (repeatable; overrides that axis of [grid])",
+    )  # fmt: skip
+    p.add_argument(
+        "--slo", action="append", default=[], type=key_values("--slo", many=False), metavar="KEY=VALUE",
+        help="an SLO bound, as in [slo]: ttft_p99_ms=800, tpot_p99_ms=50 (repeatable; overrides that key)",
+    )  # fmt: skip
+    p.add_argument("--gpu", default=None, help="GPU for the estimate when nvidia-smi cannot tell, e.g. H100 (overrides [estimate] gpu)")
     p.add_argument("--headroom", type=float, default=None, help="fraction of max passing concurrency kept free (overrides [slo] headroom)")
     p.add_argument("--no-prune", action="store_true", help="launch points the estimate predicts cannot fit")
     p.add_argument("--target-rps", type=float, default=env_default("PLANNER_TARGET_RPS"),
@@ -56,22 +70,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+# [grid]'s own axes; any other flag is an axis of [grid.extra].
+GRID_AXES = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size")
+
+
 def overrides_from_args(args: argparse.Namespace) -> dict:
     out: dict = {}
     if args.prompts is not None:
         out["prompts"] = args.prompts
     if args.model is not None:
         out["server"] = {"model": args.model}
+    slo = dict(args.slo)
     if args.headroom is not None:
-        out["slo"] = {"headroom": args.headroom}
+        slo["headroom"] = args.headroom
+    if slo:
+        out["slo"] = slo
+    grid: dict = {}
+    for key, values in args.grid:
+        if key in GRID_AXES:
+            grid[key] = values
+        else:
+            grid.setdefault("extra", {})[key] = values
+    if grid:
+        out["grid"] = grid
+    estimate = {}
     if args.no_prune:
-        out["estimate"] = {"prune": False}
+        estimate["prune"] = False
+    if args.gpu is not None:
+        estimate["gpu"] = args.gpu
+    if estimate:
+        out["estimate"] = estimate
     if args.executor is not None:
         out["executor"] = {"kind": args.executor}
     return out
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.config is None and args.model is None and not os.environ.get("PLANNER_SERVER__MODEL"):
+        raise ConfigError("give --config FILE (see examples/), or --model for a sweep from flags (with --grid, --slo and --prompts)")
     settings = load_settings(args.config, overrides_from_args(args))
     console = stdout_console()
     points = expand(settings)

@@ -125,7 +125,10 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], str]:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         where = f"{p} has no config.json" if p.is_dir() else f"{file} does not exist"
-        raise EstimateError(f"{where}; --model takes a local model folder (config.json plus safetensors) or a config.json") from None
+        raise EstimateError(
+            f"{where}; --model takes a Hub name (org/name or org/name@revision), a local model folder "
+            "(config.json plus safetensors) or a config.json"
+        ) from None
     except OSError as exc:
         raise EstimateError(f"cannot read {file}: {exc.strerror or exc}") from None
     try:

@@ -11,6 +11,7 @@ catalogue, and so does PLANNER_GPU_MEMORY_GIB.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from planner.errors import ConfigError
@@ -43,7 +44,7 @@ CATALOG: dict[str, Gpu] = {
     )
 }
 
-# Spellings people type for the same part.
+# Spellings people type for the same part, after `normalise`.
 ALIASES = {
     "h100": "h100-80gb",
     "h200": "h200-141gb",
@@ -51,14 +52,42 @@ ALIASES = {
     "a100-80": "a100-80gb",
     "a100-40": "a100-40gb",
     "b200-180gb": "b200",
+    "b200-192gb": "b200",
+    "l4-24gb": "l4",
+    "a10g-24gb": "a10g",
+    "l40s-48gb": "l40s",
+    "mi300x-192gb": "mi300x",
 }
+
+# Words in GPU names (nvidia-smi's, cloud catalogues', people's) that do not change the memory.
+# Not "nvl": an H100 NVL has 94 GB, so it must not be taken for the 80 GB part.
+_NOISE = {"nvidia", "amd", "instinct", "tesla", "hbm3", "hbm3e", "hbm2", "hbm2e", "sxm", "sxm4", "sxm5", "pcie", "oam"}
+
+
+def normalise(name: str) -> str:
+    """`NVIDIA H100 80GB HBM3` (nvidia-smi), `h100-sxm`, `A100_80GB`, `AMD Instinct MI300X` ->
+    the catalogue's spelling (h100-80gb, h100, a100-80gb, mi300x) before aliases."""
+    words = [w for w in re.split(r"[\s_\-]+", name.strip().lower()) if w and w not in _NOISE]
+    joined: list[str] = []
+    for w in words:
+        # "80 GB" -> "80gb"
+        if w in ("gb", "g") and joined and joined[-1].isdigit():
+            joined[-1] += "gb"
+        elif re.fullmatch(r"\d+g", w):
+            joined.append(w + "b")
+        else:
+            joined.append(w)
+    return "-".join(joined)
 
 
 def lookup(name: str) -> Gpu:
-    key = name.strip().lower()
+    key = normalise(name)
     key = ALIASES.get(key, key)
     try:
         return CATALOG[key]
     except KeyError:
-        valid = ", ".join(CATALOG)
-        raise ConfigError(f"--gpu {name!r} is not in the catalogue; valid: {valid} (or give --gpu-memory-gib)") from None
+        valid = "; ".join(f"{g.name} ({g.marketing})" for g in CATALOG.values())
+        raise ConfigError(
+            f"--gpu {name!r} is not in the catalogue; known: {valid}. nvidia-smi's names work too "
+            "(NVIDIA H100 80GB HBM3); for another GPU give --gpu-memory-gib"
+        ) from None

@@ -8,20 +8,20 @@ blocks and tokens, the concurrency it carries, and a verdict with its margin.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from planner.errors import ConfigError, EstimateError
 from planner.estimate import fit
-from planner.estimate.architecture import Architecture, AttentionKind, estimate_parameters, load_architecture
+from planner.estimate.architecture import Architecture, AttentionKind, estimate_parameters
 from planner.estimate.fit import Verdict
 from planner.estimate.gpu_catalog import lookup
 from planner.estimate.kv_pool import Pool, PoolLayout, corpus_concurrency, pool_layout, size_pool
 from planner.estimate.memory import Budget, WorkingMemoryModel, gpu_budget, working_memory
 from planner.estimate.units import GIB, parse_vllm_int
-from planner.estimate.weights import Weights, checkpoint_weights, config_weights
+from planner.estimate.model_source import ModelSource, resolve_model
+from planner.estimate.weights import Weights, config_weights, tensor_weights
 
 Device = Literal["gpu", "cpu"]
 
@@ -64,8 +64,11 @@ class _Section(BaseModel):
 
 
 class ModelFacts(_Section):
+    # The model as given: a local path or a Hub name (org/name[@revision]).
     path: str
     config: str
+    # The Hub commit the config and the safetensors headers were read at; None for a local folder.
+    revision: str | None = None
     model_type: str
     num_layers: int
     num_attention_heads: int
@@ -106,6 +109,9 @@ class WeightsFacts(_Section):
     tensors: int
     files: int
     parameters: int | None
+    # Where the tensors were read: "local files", "Hub cache", "Hub headers" (ranged reads of each
+    # file's header, no weights), or "config.json" (the parameter-count estimate).
+    read_from: str | None = None
 
 
 class LayoutFacts(_Section):
@@ -177,12 +183,11 @@ def default_batch(device: Device, total_bytes: int | None, gpu: str | None, tp: 
     return 2048, 256
 
 
-def _weights(settings: EstimateSettings, arch: Architecture) -> Weights:
+def _weights(settings: EstimateSettings, arch: Architecture, source: ModelSource) -> Weights:
     tp = settings.tensor_parallel_size
-    path = Path(settings.model)
-    found = checkpoint_weights(path, tp, None if arch.mla else arch.num_kv_heads) if path.is_dir() else None
-    if found is not None:
-        return found
+    checkpoint = source.checkpoint()
+    if checkpoint is not None:
+        return tensor_weights(checkpoint.tensors, checkpoint.files, tp, None if arch.mla else arch.num_kv_heads)
     quant = arch.raw.get("quantization_config") or {}
     bits = quant.get("bits") or quant.get("w_bit")
     if bits:
@@ -235,7 +240,8 @@ def _layout_facts(layout: PoolLayout) -> LayoutFacts:
 
 def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = None, corpus_info: dict | None = None) -> Estimate:
     """The whole prediction for one configuration."""
-    arch = load_architecture(settings.model)
+    source = resolve_model(settings.model)
+    arch = source.architecture()
     tp = settings.tensor_parallel_size
     device = settings.device
     max_len = settings.max_model_len or arch.max_position_embeddings
@@ -250,7 +256,8 @@ def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = N
     seqs = settings.max_num_seqs or default_seqs
     async_on = settings.async_scheduling if settings.async_scheduling is not None else device == "gpu"
 
-    weights = _weights(settings, arch)
+    weights = _weights(settings, arch, source)
+    checkpoint = source.checkpoint()
     working = working_memory(
         arch, tp=tp, max_num_batched_tokens=batched, max_num_seqs=seqs,
         enforce_eager=settings.enforce_eager, device=device, model=settings.working,
@@ -262,7 +269,7 @@ def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = N
 
     estimates = []
     if weights.source == "config":
-        estimates.append("weights: parameter count from config.json x dtype bytes (no safetensors found)")
+        estimates.append(f"weights: parameter count from config.json x dtype bytes ({source.why_no_checkpoint()})")
     budget: Budget | None = None
     if device == "gpu" and total_bytes is not None:
         budget = gpu_budget(
@@ -319,6 +326,7 @@ def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = N
         model=ModelFacts(
             path=settings.model,
             config=arch.source,
+            revision=source.revision,
             model_type=arch.model_type,
             num_layers=arch.num_layers,
             num_attention_heads=heads,
@@ -355,6 +363,7 @@ def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = N
             tensors=weights.tensors,
             files=weights.files,
             parameters=weights.parameters,
+            read_from=checkpoint.read_from if checkpoint is not None else "config.json",
         ),
         kv_bytes_per_token=arch.kv_bytes_per_token(tp, settings.kv_cache_dtype),
         kv_bytes_per_token_per_layer=arch.kv_bytes_per_token_per_layer(tp, settings.kv_cache_dtype),

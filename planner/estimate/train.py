@@ -22,7 +22,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import EstimateError
-from planner.estimate.architecture import Architecture, load_architecture
+from planner.estimate.architecture import Architecture
+from planner.estimate.model_source import resolve_model
 from planner.estimate.plan import gpu_total
 from planner.estimate.train_activations import Activations, Checkpointing, saved_activations
 from planner.estimate.train_params import Param, inventory, trainable_set
@@ -135,6 +136,8 @@ class TrainEstimate(_Section):
     """`planner estimate --train --json` prints its model_dump(mode="json")."""
 
     model: str
+    # The Hub commit the model was read at; None for a local folder.
+    revision: str | None = None
     model_type: str
     settings: dict
     gpus: int
@@ -301,7 +304,8 @@ def _suggestions(arch: Architecture, settings: TrainSettings, shapes, seq_len: i
 
 
 def train_estimate(settings: TrainSettings) -> TrainEstimate:
-    arch = load_architecture(settings.model)
+    model = resolve_model(settings.model)
+    arch = model.architecture()
     _check_shape(arch)
     tp = settings.tensor_parallel_size
     if arch.num_attention_heads % tp:
@@ -309,7 +313,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
     seq_len = settings.seq_len or min(DEFAULT_SEQ_LEN, arch.max_position_embeddings or DEFAULT_SEQ_LEN)
     if arch.max_position_embeddings and seq_len > arch.max_position_embeddings:
         raise EstimateError(f"--seq-len {seq_len} is longer than the model's max_position_embeddings {arch.max_position_embeddings}")
-    shapes, source = inventory(settings.model, arch)
+    shapes, source = inventory(model, arch)
     params = _params(settings, arch, shapes)
     total_gpu, gpu_name = gpu_total(settings.gpu_memory_bytes, settings.gpu)
     budget, acts = _budget(arch, settings, params, seq_len, total_gpu)
@@ -362,6 +366,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
     lora = sum(p.numel for p in params if p.kind == "lora")
     return TrainEstimate(
         model=settings.model,
+        revision=model.revision,
         model_type=arch.model_type,
         settings={**settings.model_dump(mode="json"), "seq_len": seq_len, "gpu": gpu_name, "gpu_memory_bytes": total_gpu},
         gpus=settings.data_parallel * tp,

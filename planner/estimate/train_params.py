@@ -18,11 +18,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from planner.errors import EstimateError
 from planner.estimate.architecture import Architecture
-from planner.estimate.weights import checkpoint_files, read_header
+from planner.estimate.model_source import ModelSource
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # Row-parallel Linears under Megatron-style tensor parallelism split their input dimension;
@@ -91,12 +90,11 @@ def config_inventory(arch: Architecture) -> list[tuple[str, tuple[int, ...]]]:
     return shapes
 
 
-def inventory(model: str, arch: Architecture) -> tuple[list[tuple[str, tuple[int, ...]]], str]:
+def inventory(model: ModelSource, arch: Architecture) -> tuple[list[tuple[str, tuple[int, ...]]], str]:
     """(name, shape) of every weight, and where they came from: "safetensors" or "config"."""
-    path = Path(model)
-    files = checkpoint_files(path) if path.is_dir() else []
-    if files:
-        return [(t.name, t.shape) for f in files for t in read_header(f)], "safetensors"
+    checkpoint = model.checkpoint()
+    if checkpoint is not None:
+        return [(t.name, t.shape) for t in checkpoint.tensors], "safetensors"
     return config_inventory(arch), "config"
 
 

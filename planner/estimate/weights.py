@@ -57,26 +57,24 @@ class Weights:
     parameters: int | None = None
 
 
-def read_header(path: str | Path) -> list[TensorInfo]:
-    """The tensors one .safetensors file declares, with their byte sizes checked against the offsets."""
-    p = Path(path)
-    try:
-        with p.open("rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise EstimateError(f"{p}: too short for a safetensors file ({len(head)} bytes)")
-            (length,) = struct.unpack("<Q", head)
-            if length > MAX_HEADER_BYTES:
-                raise EstimateError(f"{p}: header length {length} is implausible; not a safetensors file?")
-            raw = f.read(length)
-    except OSError as exc:
-        raise EstimateError(f"cannot read {p}: {exc.strerror or exc}") from None
-    if len(raw) < length:
-        raise EstimateError(f"{p}: header says {length} bytes but the file ends after {len(raw)}")
+def header_length(head: bytes, where: str) -> int:
+    """The JSON header's length from a file's first 8 bytes, checked for plausibility."""
+    if len(head) < 8:
+        raise EstimateError(f"{where}: too short for a safetensors file ({len(head)} bytes)")
+    (length,) = struct.unpack("<Q", head[:8])
+    if length > MAX_HEADER_BYTES:
+        raise EstimateError(f"{where}: header length {length} is implausible; not a safetensors file?")
+    return length
+
+
+def parse_header(raw: bytes, where: str, file: str) -> list[TensorInfo]:
+    """The tensors a safetensors JSON header declares, with their byte sizes checked against the offsets."""
     try:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise EstimateError(f"{p}: header is not valid JSON ({exc})") from None
+        raise EstimateError(f"{where}: header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise EstimateError(f"{where}: header is not a JSON object")
     tensors = []
     for name, meta in header.items():
         if name == "__metadata__":
@@ -84,15 +82,29 @@ def read_header(path: str | Path) -> list[TensorInfo]:
         try:
             dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise EstimateError(f"{p}: tensor {name!r} lacks dtype, shape or data_offsets") from None
+            raise EstimateError(f"{where}: tensor {name!r} lacks dtype, shape or data_offsets") from None
         bits = DTYPE_BITS.get(dtype)
         if bits is None:
-            raise EstimateError(f"{p}: tensor {name!r} has unknown dtype {dtype!r}; known: {', '.join(DTYPE_BITS)}")
+            raise EstimateError(f"{where}: tensor {name!r} has unknown dtype {dtype!r}; known: {', '.join(DTYPE_BITS)}")
         nbytes = math.ceil(math.prod(shape) * bits / 8)
         if end - begin != nbytes:
-            raise EstimateError(f"{p}: tensor {name!r} is {dtype}{list(shape)} = {nbytes} bytes but its offsets span {end - begin}")
-        tensors.append(TensorInfo(name=name, dtype=dtype, shape=shape, nbytes=nbytes, file=p.name))
+            raise EstimateError(f"{where}: tensor {name!r} is {dtype}{list(shape)} = {nbytes} bytes but its offsets span {end - begin}")
+        tensors.append(TensorInfo(name=name, dtype=dtype, shape=shape, nbytes=nbytes, file=file))
     return tensors
+
+
+def read_header(path: str | Path) -> list[TensorInfo]:
+    """The tensors one local .safetensors file declares; only its header is read."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            length = header_length(f.read(8), str(p))
+            raw = f.read(length)
+    except OSError as exc:
+        raise EstimateError(f"cannot read {p}: {exc.strerror or exc}") from None
+    if len(raw) < length:
+        raise EstimateError(f"{p}: header says {length} bytes but the file ends after {len(raw)}")
+    return parse_header(raw, str(p), p.name)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -127,19 +139,23 @@ def per_gpu_bytes(tensors: list[TensorInfo], tp: int, num_kv_heads: int | None) 
     return math.ceil(total)
 
 
+def tensor_weights(tensors: list[TensorInfo], files: int, tp: int, num_kv_heads: int | None) -> Weights:
+    """Exact weights of a checkpoint's tensors (read from its safetensors headers)."""
+    return Weights(
+        total_bytes=sum(t.nbytes for t in tensors),
+        tensors=len(tensors),
+        files=files,
+        source="safetensors",
+        per_gpu_bytes=per_gpu_bytes(tensors, tp, num_kv_heads),
+    )
+
+
 def checkpoint_weights(model_dir: Path, tp: int, num_kv_heads: int | None) -> Weights | None:
     """Exact weights of the folder's safetensors checkpoint, or None when it has none."""
     files = checkpoint_files(model_dir)
     if not files:
         return None
-    tensors = [t for f in files for t in read_header(f)]
-    return Weights(
-        total_bytes=sum(t.nbytes for t in tensors),
-        tensors=len(tensors),
-        files=len(files),
-        source="safetensors",
-        per_gpu_bytes=per_gpu_bytes(tensors, tp, num_kv_heads),
-    )
+    return tensor_weights([t for f in files for t in read_header(f)], len(files), tp, num_kv_heads)
 
 
 def config_weights(parameters: int, bytes_per_parameter: float, tp: int) -> Weights:

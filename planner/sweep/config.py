@@ -68,9 +68,10 @@ class ServerSection(_Strict):
     @field_validator("args")
     @classmethod
     def _no_reserved_flags(cls, args: list[str]) -> list[str]:
-        for flag in ("--model", "--host", "--port"):
+        for flag in ("--model", "--host", "--port", "--revision"):
             if has_flag(args, flag):
-                raise ValueError(f"{flag} is set by the planner; remove it from [server] args")
+                hint = " (write the revision after the model: model = \"org/name@REVISION\")" if flag == "--revision" else ""
+                raise ValueError(f"{flag} is set by the planner; remove it from [server] args{hint}")
         for flags, key in ((("--tensor-parallel-size", "-tp"), "tensor_parallel_size"),
                            (("--pipeline-parallel-size", "-pp"), "pipeline_parallel_size")):
             if has_flag(args, *flags):

@@ -4,7 +4,6 @@ clear margin are not launched."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from planner.errors import ConfigError, EstimateError
 from planner.estimate import Estimate, Verdict, estimate_point
@@ -21,8 +20,6 @@ def predictor(settings: SweepSettings) -> Callable[[Point, list[Gpu]], Estimate 
     base = fixed_flags(settings.server.args)
 
     def predict(point: Point, inventory: list[Gpu]) -> Estimate | NotPredicted | None:
-        if not (Path(settings.server.model) / "config.json").exists():
-            return NotPredicted(error=f"{settings.server.model} is not a local model folder with a config.json; not predicted")
         flags = {**base, **{k: v for k, v in point.config.items() if k != "env"}}
         gpu_bytes = None
         if inventory:

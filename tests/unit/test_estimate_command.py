@@ -65,9 +65,9 @@ def test_errors_are_one_line(tmp_path, capsys):
     rc = main(["estimate", "--model", str(tmp_path), "--gpu", "h100"])
     err = capsys.readouterr().err
     assert rc == 2
-    assert err == f"planner estimate: error: {tmp_path} has no config.json; --model takes a local model folder (config.json plus safetensors) or a config.json\n"
+    assert err == f"planner estimate: error: {tmp_path} has no config.json; --model takes a Hub name (org/name or org/name@revision), a local model folder (config.json plus safetensors) or a config.json\n"
     rc = main(["estimate", "--model", str(CONFIGS / "llama-3-8b.json"), "--gpu", "v100"])
     assert rc == 2
-    assert "--gpu 'v100' is not in the catalogue; valid: l4, a10g" in capsys.readouterr().err
+    assert "--gpu 'v100' is not in the catalogue; known: l4 (NVIDIA L4 24 GB); a10g" in capsys.readouterr().err
     rc = main(["estimate", "--model", str(CONFIGS / "llama-3-8b.json")])
     assert "needs the GPU's memory: give --gpu NAME or --gpu-memory-gib N" in capsys.readouterr().err
