@@ -11,18 +11,29 @@ a few dozen decode steps (about a second on a GPU), not whole answers. Short ans
 cache than the corpus's, so a KV-bound server may run more of them: the count can overshoot,
 which costs one cheap failing step, never a wrong answer. The requests come from the same cursor
 as the steps', so no later step repeats them.
+
+The burst also shows the decode rate at that load: when its TPOT (a request's mean gap between
+tokens) already breaks a TPOT SLO by a factor r, the search starts at count / r instead (`first_probe`): under a ratio proportional
+to load that is where the SLO would hold, and since latency has a floor that does not grow with
+load, the real crossing lies below it, so the first step is still above the knee and fails
+cheaply, but not at the far end of the range. TTFT, ITL and end-to-end latency are left out: a
+burst sent at once queues and interleaves its own prefills, which steady traffic does not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass, replace
 
+from replay import stats
 from replay.records import RequestRecord
+from replay.results import LatencySummary
 from replay.server_metrics import parse_sample
 
 SCRAPE_EVERY_S = 0.1
+TPOT_KEY = re.compile(r"^tpot_(mean|p50|p90|p95|p99|max)_ms$")
 # Tokens each request of the burst asks for at most.
 MAX_TOKENS = 32
 
@@ -36,6 +47,8 @@ class Saturation:
     # Mean end-to-end duration of the burst's successful requests.
     duration_s: float | None
     failed: int
+    # The burst's per-request TPOT.
+    tpot_ms: LatencySummary | None = None
 
     @property
     def start(self) -> int:
@@ -82,14 +95,31 @@ async def saturation_probe(client, cursor, requests: int) -> Saturation:
     finally:
         done.set()
         await watcher
-    ok = [r.e2e_s for r in records if r.ok]
+    ok = [r for r in records if r.ok]
     return Saturation(
         requests=requests,
         running_peak=max(running) if running else None,
         waiting_peak=max(waiting) if waiting else None,
-        duration_s=sum(ok) / len(ok) if ok else None,
+        duration_s=sum(r.e2e_s for r in ok) / len(ok) if ok else None,
         failed=len(records) - len(ok),
+        tpot_ms=stats.summarize(stats.tpot_ms(ok)) if ok else None,
     )
+
+
+def first_probe(probe: Saturation, slo: dict[str, float]) -> tuple[int, str]:
+    """Where the search starts after the probe, and why (see the module's docstring)."""
+    worst = 1.0
+    for key, bound in slo.items():
+        match = TPOT_KEY.match(key)
+        if match is None or probe.tpot_ms is None or bound <= 0:
+            continue
+        value = getattr(probe.tpot_ms, match.group(1))
+        if value is not None:
+            worst = max(worst, value / bound)
+    if worst <= 1.0:
+        return probe.start, probe.reason
+    start = max(1, int(probe.start / worst))
+    return start, f"{probe.reason}; its decode latency was {worst:.2f} x the SLO there, so from {probe.start} / {worst:.2f}"
 
 
 def _short(request):

@@ -19,7 +19,7 @@ from replay import slo as slo_mod
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
 from replay.observer import ReplayObserver
 from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
-from replay.saturation import saturation_probe
+from replay.saturation import first_probe, saturation_probe
 from replay.search import Probe, bracket, is_confirmed, knee_interval, next_probe, unresolved
 from replay.server_metrics import MetricsScraper
 from replay.settings import ReplaySettings
@@ -205,7 +205,7 @@ async def search_start(replay: Replay, settings: ReplaySettings) -> tuple[int, s
     if settings.max_concurrency is not None:
         return settings.max_concurrency, "max_concurrency"
     probe = await saturation_probe(replay.client, replay.cursor, settings.saturation_requests)
-    return probe.start, probe.reason
+    return first_probe(probe, replay.slo)
 
 
 def _corpus_info(corpus: Corpus) -> CorpusInfo:

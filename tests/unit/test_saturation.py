@@ -4,7 +4,8 @@ import asyncio
 from dataclasses import dataclass
 
 from replay.records import RequestRecord
-from replay.saturation import MAX_TOKENS, Saturation, saturation_probe
+from replay.results import LatencySummary
+from replay.saturation import MAX_TOKENS, Saturation, first_probe, saturation_probe
 from replay.step import RequestCursor
 
 
@@ -58,3 +59,13 @@ def test_a_server_that_takes_the_whole_burst_starts_the_search_there():
 def test_without_vllm_gauges_the_burst_size_is_the_start():
     probe = Saturation(requests=64, running_peak=None, waiting_peak=None, duration_s=1.0, failed=0)
     assert probe.start == 64 and "no vLLM gauges" in probe.reason
+
+
+def test_a_burst_whose_tpot_breaks_the_slo_starts_the_search_lower():
+    tpot = LatencySummary(mean=200.0, p50=190.0, p90=240.0, p99=300.0, max=310.0)
+    probe = Saturation(requests=256, running_peak=256, waiting_peak=0, duration_s=3.0, failed=0, tpot_ms=tpot)
+    start, reason = first_probe(probe, {"tpot_p99_ms": 100.0, "ttft_p99_ms": 10.0})
+    # TTFT is left out (a burst queues its own prefills): only TPOT's 3x counts.
+    assert start == 85 and "3.00 x the SLO" in reason
+    assert first_probe(probe, {"tpot_p99_ms": 400.0}) == (256, probe.reason)
+    assert first_probe(probe, {"e2e_p99_ms": 1.0}) == (256, probe.reason)
