@@ -14,11 +14,13 @@ from replay.corpus import load_corpus
 from replay.session import run_replay
 from replay.settings import ReplaySettings
 
-ITL_S = 0.005
+# 12 ms gaps (not 5): a shared 2-core machine's scheduling adds a few ms to each gap, which at
+# 5 ms doubled TPOT and moved the knee the client can measure below the range asserted here.
+ITL_S = 0.012
 GROWTH = 1.0
 SIGMA = 0.15
 Z99 = 2.3263478740408408
-BOUND_MS = 46.0
+BOUND_MS = 110.0
 SEEDS = (1, 2, 3)
 
 
