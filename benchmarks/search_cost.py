@@ -42,8 +42,8 @@ from replay.results import StepResult  # noqa: E402
 from replay.search import bracket, next_probe  # noqa: E402
 from replay.session import Replay, search_start  # noqa: E402
 from replay.settings import ReplaySettings  # noqa: E402
+from tests.fakes.openai_server import start_process  # noqa: E402
 
-FAKE_SERVER = ROOT / "tests" / "fakes" / "openai_server.py"
 ITL_S, GROWTH, TTFT_S, TOKENS = 0.020, 0.05, 0.020, 15
 BOUND_MS = 70.5
 SLO = {"tpot_p99_ms": BOUND_MS}
@@ -58,20 +58,9 @@ def law_knee() -> int:
 
 
 def start_fake(log: Path, seed: int) -> tuple[subprocess.Popen, str]:
-    out = log.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, str(FAKE_SERVER), "--itl-s", str(ITL_S), "--itl-growth-per-running", str(GROWTH),
-         "--ttft-s", str(TTFT_S), "--seed", str(seed)],
-        stdout=out, stderr=subprocess.STDOUT,
+    return start_process(
+        log, "--itl-s", str(ITL_S), "--itl-growth-per-running", str(GROWTH), "--ttft-s", str(TTFT_S), "--seed", str(seed)
     )
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        for line in log.read_text().splitlines():
-            if line.startswith("fake-openai-server ready on "):
-                return proc, line.split()[-1]
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"fake server did not start: {log.read_text()}")
 
 
 def sent(steps: list[StepResult]) -> tuple[int, int]:

@@ -21,7 +21,6 @@ import math
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,9 +31,9 @@ from replay.client import StreamingClient  # noqa: E402
 from replay.corpus import load_corpus  # noqa: E402
 from replay.load import Concurrency  # noqa: E402
 from replay.settings import ReplaySettings  # noqa: E402
+from tests.fakes.openai_server import start_process  # noqa: E402
 from replay.step import RequestCursor, Window, run_step  # noqa: E402
 
-FAKE_SERVER = ROOT / "tests" / "fakes" / "openai_server.py"
 ITL_S, GROWTH, SIGMA, BOUND_MS = 0.005, 1.0, 0.15, 46.0
 Z99 = 2.3263478740408408
 SLO = {"tpot_p99_ms": BOUND_MS}
@@ -45,20 +44,10 @@ def true_p99_ms(c: int) -> float:
 
 
 def start_fake(log: Path) -> tuple[subprocess.Popen, str]:
-    out = log.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, str(FAKE_SERVER), "--itl-s", str(ITL_S), "--itl-growth-per-running", str(GROWTH),
-         "--ttft-s", "0.002", "--slowness-sigma", str(SIGMA), "--seed", "11"],
-        stdout=out, stderr=subprocess.STDOUT,
+    return start_process(
+        log, "--itl-s", str(ITL_S), "--itl-growth-per-running", str(GROWTH), "--ttft-s", "0.002",
+        "--slowness-sigma", str(SIGMA), "--seed", "11",
     )
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        for line in log.read_text().splitlines():
-            if line.startswith("fake-openai-server ready on "):
-                return proc, line.split()[-1]
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"fake server did not start: {log.read_text()}")
 
 
 async def measure(url: str, corpus_path: Path, concurrencies: list[int], rounds: int) -> list[dict]:

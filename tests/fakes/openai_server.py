@@ -49,9 +49,11 @@ import json
 import math
 import random
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -781,9 +783,28 @@ async def serve(behavior: Behavior, host: str, port: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with FakeServer(behavior, host=host, port=port) as srv:
-        print(f"fake-openai-server ready on {srv.url}", flush=True)
+        print(f"{READY_PREFIX}{srv.url}", flush=True)
         await stop.wait()
 
+
+
+READY_PREFIX = "fake-openai-server ready on "
+
+
+def start_process(log: Path, *args: str, ready_timeout_s: float = 15.0) -> tuple[subprocess.Popen, str]:
+    """Run this server as its own process (output to `log`, so no pipe is left unread) and wait
+    for its ready line; returns the process and its URL. Raises SystemExit if it never gets ready."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, __file__, *args], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.time() + ready_timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(READY_PREFIX):
+                return proc, line[len(READY_PREFIX) :].strip()
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    raise SystemExit(f"fake server did not start: {log.read_text(errors='replace')}")
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
