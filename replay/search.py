@@ -19,7 +19,9 @@ runs at once) and narrows down:
    above: one precision step (5%, at least one request) over the highest pass.
 3. Bisection is the fallback: when no rule gives a ratio (errors, preemptions), when the model
    points outside the bracket, and when two model probes in a row landed on the same side
-   (regula falsi can creep along one side).
+   (regula falsi can creep along one side). Before anything has passed, a model that places the
+   knee just under a failed step steps down instead, by 10% of it, doubling with each further
+   failure up to a half: halving at once would measure far below a knee the model puts close by.
 
 Measurements are noisy, so a pass above a failure is ignored: the answer is always the highest
 pass below the lowest failure. An inconclusive step (its interval straddles the bound after the
@@ -191,10 +193,22 @@ def _narrow(probes: list[Probe], upper: int | None, rel_precision: float) -> int
         if candidate >= hi:
             candidate = None
     if candidate is None or candidate in tried:
-        candidate = (lo + hi) // 2
+        if model is not None and b.max_passing is None:
+            candidate = _step_down(hi, sum(1 for p in informative if not p.passed))
+        else:
+            candidate = (lo + hi) // 2
     if candidate in tried or candidate <= lo or candidate >= hi:
         return None
     return candidate
+
+
+def _step_down(hi: int, failures: int) -> int:
+    """Below the lowest failure when nothing has passed yet and the model has nothing untried to
+    offer (it puts the knee just under a step that failed or was inconclusive): a step of 10% of
+    it, doubling with each further failure, up to bisection. Halving at once would measure where
+    a step is dearest and says least, far below a knee the model places close by."""
+    fraction = min(0.5, 0.1 * 2 ** max(0, failures - 2))
+    return min(hi - 1, math.floor(hi * (1.0 - fraction)))
 
 
 def _creeping(probes: list[Probe]) -> bool:

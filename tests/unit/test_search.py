@@ -250,3 +250,29 @@ def test_an_unresolved_step_does_not_move_the_bracket_or_the_knee_interval():
     history = [Probe(64, "fail"), Probe(32, "pass"), Probe(48, "unresolved")]
     assert bracket(history) == Bracket(32, 64)
     assert knee_interval([(64, "fail"), (32, "pass"), (48, "unresolved")]) == [32, 64]
+
+
+def test_a_knee_just_under_a_failed_step_is_approached_by_a_step_down_not_a_halving():
+    # A shared machine's CI run: 24 failed, the model's 20 failed by a hair, and 19 came out
+    # inconclusive. The model puts the knee at 19, already tried, and nothing has passed: the next
+    # probe steps down (20% after three failures), not to 9.
+    history = [
+        Probe(24, "fail", {"tpot_p90_ms": 1.19}),
+        Probe(20, "fail", {"tpot_p90_ms": 1.006}),
+        Probe(19, "inconclusive", {"tpot_p90_ms": 0.99}),
+    ]
+    assert next_probe(history, start=24, upper=256, confirm=True) == 15
+
+
+@pytest.mark.parametrize("knee", [5, 17, 18, 40])
+def test_steps_down_reach_any_knee_below_a_model_that_overshoots(knee):
+    # The ratio law says 19.5, but the server breaks above `knee`: the search still converges to it.
+    history, seen = [], {}
+    while (n := next_probe(history, start=24, upper=256, confirm=True)) is not None:
+        seen[n] = seen.get(n, 0) + 1
+        ratio = min(n / 19.5, 1.0 if n <= knee else 1.01) if n <= knee else max(n / 19.5, 1.01)
+        history.append(Probe(n, "pass" if n <= knee else "fail", {"tpot_p90_ms": ratio}))
+        assert len(history) < 20, history
+    b = bracket(history)
+    assert b.max_passing is not None and b.max_passing <= knee < b.min_failing
+    assert b.min_failing - b.max_passing <= max(1, 0.05 * b.max_passing)
