@@ -18,7 +18,8 @@ from replay.errors import ReplayError, StepAborted
 from replay import slo as slo_mod
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
 from replay.observer import ReplayObserver
-from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
+from replay.identity import Identity
+from replay.results import CorpusInfo, ReplayResults, StepResult, updated, write_json_atomic
 from replay.saturation import first_probe, saturation_probe
 from replay.search import Probe, bracket, is_confirmed, knee_interval, next_probe, unresolved
 from replay.server_metrics import MetricsScraper
@@ -224,8 +225,12 @@ async def run_replay(
     api_key: str | None = None,
     output_dir: Path | None = None,
     observer: ReplayObserver | None = None,
+    identity: Identity | None = None,
 ) -> ReplayResults:
-    """`planner replay`: the planned loads, then the search when `settings.find_max`."""
+    """`planner replay`: the planned loads, then the search when `settings.find_max`.
+
+    `identity` is what the caller knows of the server (the model's files, the hardware); the
+    server's version, the served model, the corpus and the SLOs are filled in here."""
     loads = planned_loads(settings)
     if not loads and not settings.find_max:
         raise ReplayError("nothing to run: give --concurrency, --rate, --trace or --find-max")
@@ -251,6 +256,7 @@ async def run_replay(
         extra_body=settings.extra_body,
     ) as client:
         served = await client.check()
+        known = identity or Identity()
         results = ReplayResults(
             started_at=datetime.now(UTC).isoformat(timespec="seconds"),
             url=url,
@@ -259,6 +265,13 @@ async def run_replay(
             corpus=_corpus_info(corpus),
             settings=settings.model_dump(mode="json"),
             slo=slo,
+            identity=updated(
+                known,
+                vllm_version=known.vllm_version or await client.version(),
+                model=updated(known.model, name=known.model.name or served),
+                corpus_sha256=corpus.sha256,
+                slo=dict(slo),
+            ),
             find_max=settings.find_max,
         )
 
