@@ -18,7 +18,7 @@ from replay.errors import ReplayError, StepAborted
 from replay import slo as slo_mod
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
 from replay.observer import ReplayObserver
-from replay.identity import Identity
+from replay.identity import Identity, model_config_facts, model_fingerprint
 from replay.results import CorpusInfo, ReplayResults, StepResult, updated, write_json_atomic
 from replay.saturation import first_probe, saturation_probe
 from replay.search import Probe, bracket, is_confirmed, knee_interval, next_probe, unresolved
@@ -209,6 +209,16 @@ async def search_start(replay: Replay, settings: ReplaySettings) -> tuple[int, s
     return first_probe(probe, replay.slo)
 
 
+def served_model_files(identity: Identity, served: str) -> Identity:
+    """vLLM serves a model folder under its path: when that folder is here, its files' hash and
+    config facts identify the model (unless the caller already did)."""
+    folder = Path(served)
+    if identity.model.sha256 is not None or not folder.is_dir():
+        return identity
+    facts = {k: v for k, v in model_config_facts(folder).items() if getattr(identity.model, k) is None}
+    return updated(identity, model=updated(identity.model, sha256=model_fingerprint(folder), **facts))
+
+
 def _corpus_info(corpus: Corpus) -> CorpusInfo:
     return CorpusInfo(
         path=str(corpus.path), sha256=corpus.sha256, requests=len(corpus), skipped_invalid=corpus.skipped_invalid
@@ -256,7 +266,7 @@ async def run_replay(
         extra_body=settings.extra_body,
     ) as client:
         served = await client.check()
-        known = identity or Identity()
+        known = served_model_files(identity or Identity(), served)
         results = ReplayResults(
             started_at=datetime.now(UTC).isoformat(timespec="seconds"),
             url=url,

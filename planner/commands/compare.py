@@ -1,0 +1,97 @@
+"""`planner compare BASE NEW`: what changed between two runs, whether capacity moved beyond the
+noise, and an exit status a CI pipeline can gate on. Also the `--baseline` of sweep and replay."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.cliargs import env_default
+from planner.report.load import results_file
+
+# Exit status when --fail-on is met (usage and input errors are 2, as for every command).
+EXIT_FAIL = 1
+FAIL_ON = ("none", "regression", "change")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="compare two runs (sweep or replay): what changed, and whether capacity moved beyond the noise",
+        description=(
+            "Compare a baseline run with a new one (each a results folder, or its sweep.json / replay.json):"
+            " what differs in what they measured, each point's capacity from its knee interval, and every"
+            " SLO-bound latency statistic and throughput per GPU at the loads both measured, with a"
+            " significance test honest for correlated requests. Writes compare.md, compare.json and plots."
+            " Exit status: 0, or 1 when --fail-on is met; 2 for a usage or input error."
+        ),
+    )
+    p.add_argument("base", type=Path, metavar="BASE", help="the baseline: a results folder or its sweep.json / replay.json")
+    p.add_argument("new", type=Path, metavar="NEW", help="the new run, of the same kind as BASE")
+    p.add_argument(
+        "--output", type=Path, default=None,
+        help="folder for compare.md, compare.json and the plots (default: NEW's folder)",
+    )  # fmt: skip
+    add_fail_on(p)
+    p.add_argument("--no-plots", dest="plots", action="store_false", help="write no PNG plots")
+    p.set_defaults(run=run)
+
+
+def add_fail_on(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fail-on", choices=FAIL_ON, default=env_default("PLANNER_FAIL_ON", "none"),
+        help="exit 1 when a point regressed (regression) or changed significantly either way (change);"
+        " default none (env PLANNER_FAIL_ON)",
+    )  # fmt: skip
+
+
+def add_baseline_args(p: argparse.ArgumentParser) -> None:
+    """`--baseline DIR` (and --fail-on) for the commands that measure."""
+    p.add_argument(
+        "--baseline", type=Path, default=env_default("PLANNER_BASELINE"),
+        help="compare the finished run with this earlier results folder and print the summary"
+        " (writes compare.md beside the results; env PLANNER_BASELINE)",
+    )  # fmt: skip
+    add_fail_on(p)
+
+
+def check_baseline(args: argparse.Namespace) -> None:
+    """Read the baseline before anything is measured: a mistyped folder must not cost a sweep."""
+    if args.baseline is not None:
+        from planner.compare.runs import load_run
+
+        load_run(Path(args.baseline))
+
+
+def exit_status(comparison, fail_on: str) -> int:
+    if fail_on == "regression" and comparison.regressed():
+        return EXIT_FAIL
+    if fail_on == "change" and comparison.changed():
+        return EXIT_FAIL
+    return 0
+
+
+def compare_and_print(base: Path, new: Path, out_dir: Path, *, fail_on: str, plots: bool, console) -> int:
+    from planner.compare import MARKDOWN_FILE, summary_lines, write_comparison
+
+    comparison = write_comparison(base, new, out_dir, plots=plots)
+    for line in summary_lines(comparison):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    console.print(f"comparison: {Path(out_dir) / MARKDOWN_FILE}", soft_wrap=True, highlight=False, markup=False)
+    return exit_status(comparison, fail_on)
+
+
+def against_baseline(args: argparse.Namespace, results_dir: Path, console) -> int:
+    """After `planner sweep` or `planner replay`: compare with --baseline when given."""
+    if args.baseline is None:
+        return 0
+    return compare_and_print(
+        Path(args.baseline), results_dir, results_dir, fail_on=args.fail_on, plots=True, console=console
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.tables import stdout_console
+
+    out_dir = args.output if args.output is not None else results_file(args.new).parent
+    return compare_and_print(args.base, args.new, out_dir, fail_on=args.fail_on, plots=args.plots, console=stdout_console())
