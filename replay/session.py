@@ -19,7 +19,7 @@ from replay import slo as slo_mod
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
 from replay.observer import ReplayObserver
 from replay.identity import Identity, model_config_facts, model_fingerprint
-from replay.results import CorpusInfo, ReplayResults, StepResult, updated, write_json_atomic
+from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
 from replay.saturation import first_probe, saturation_probe
 from replay.search import Probe, bracket, is_confirmed, knee_interval, next_probe, unresolved
 from replay.server_metrics import MetricsScraper
@@ -216,7 +216,8 @@ def served_model_files(identity: Identity, served: str) -> Identity:
     if identity.model.sha256 is not None or not folder.is_dir():
         return identity
     facts = {k: v for k, v in model_config_facts(folder).items() if getattr(identity.model, k) is None}
-    return updated(identity, model=updated(identity.model, sha256=model_fingerprint(folder), **facts))
+    model = {**identity.model.model_dump(), "sha256": model_fingerprint(folder), **facts}
+    return Identity.model_validate({**identity.model_dump(), "model": model})
 
 
 def _corpus_info(corpus: Corpus) -> CorpusInfo:
@@ -275,12 +276,14 @@ async def run_replay(
             corpus=_corpus_info(corpus),
             settings=settings.model_dump(mode="json"),
             slo=slo,
-            identity=updated(
-                known,
-                vllm_version=known.vllm_version or await client.version(),
-                model=updated(known.model, name=known.model.name or served),
-                corpus_sha256=corpus.sha256,
-                slo=dict(slo),
+            identity=Identity.model_validate(
+                {
+                    **known.model_dump(),
+                    "vllm_version": known.vllm_version or await client.version(),
+                    "model": {**known.model.model_dump(), "name": known.model.name or served},
+                    "corpus_sha256": corpus.sha256,
+                    "slo": dict(slo),
+                }
             ),
             find_max=settings.find_max,
         )
