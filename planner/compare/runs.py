@@ -60,14 +60,14 @@ def config_label(config: dict[str, Any]) -> str:
             parts.extend(f"{k}={v}" for k, v in value.items())
         else:
             parts.append(f"{key}={value}")
-    return ", ".join(parts) or "(no axes)"
+    return ", ".join(parts)
 
 
 def _sweep_point(p: PointResult) -> RunPoint:
     failure = None if p.failure is None else f"{p.failure.kind}: {p.failure.message}"
     return RunPoint(
         key=config_key(p.config),
-        label=f"{p.id} ({config_label(p.config)})",
+        label=f"{p.id} ({config_label(p.config)})" if p.config else p.id,
         config=p.config,
         status=p.status,
         gpus=max(1, p.gpus),
