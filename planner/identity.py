@@ -16,13 +16,14 @@ from pathlib import Path
 from planner import __version__
 from planner.estimate.hub import HUB_NAME
 from planner.redaction import redact, redact_env
-from replay.identity import Hardware, Identity, ModelIdentity, flag_values, model_config_facts, model_fingerprint
+from planner.vllm_args import fixed_flags
+from replay.identity import Hardware, Identity, ModelIdentity, model_config_facts, model_fingerprint
 
 NVIDIA_SMI = "nvidia-smi"
 _TIMEOUT_S = 10.0
 _GPU_QUERY = "name,memory.total,driver_version"
-# vLLM's flags that name what the model computes in; the first of each that a command sets wins.
-_DTYPE_FLAGS = {"dtype": "--dtype", "quantization": "--quantization", "kv_cache_dtype": "--kv-cache-dtype"}
+# vLLM's flags (underscore form) that say what the model computes in and what it is.
+_MODEL_FLAGS = ("dtype", "quantization", "kv_cache_dtype", "revision")
 
 
 def _run(command: list[str]) -> str | None:
@@ -86,12 +87,10 @@ def model_identity(model: str | None, flags: Sequence[str] = ()) -> ModelIdentit
             out = out.model_copy(update={"sha256": model_fingerprint(folder), **facts})
         elif (match := HUB_NAME.fullmatch(model)) is not None:
             out = out.model_copy(update={"revision": match["revision"]})
-    given = flag_values(list(flags))
-    update: dict = {k: given[flag] for k, flag in _DTYPE_FLAGS.items() if flag in given}
-    if "--max-model-len" in given and given["--max-model-len"].isdigit():
-        update["max_model_len"] = int(given["--max-model-len"])
-    if "--revision" in given:
-        update["revision"] = given["--revision"]
+    given = fixed_flags(list(flags))
+    update: dict = {k: str(given[k]) for k in _MODEL_FLAGS if isinstance(given.get(k), str)}
+    if str(given.get("max_model_len", "")).isdigit():
+        update["max_model_len"] = int(given["max_model_len"])
     return out.model_copy(update=update)
 
 

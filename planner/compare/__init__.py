@@ -13,7 +13,7 @@ from pathlib import Path
 
 from planner.compare.core import Comparison, compare
 from planner.compare.render import markdown, summary_lines
-from planner.compare.runs import load_run
+from planner.compare.runs import load_run, match
 from replay.atomic import atomic_text
 from replay.results import write_json_atomic
 
@@ -24,14 +24,15 @@ MARKDOWN_FILE = "compare.md"
 def write_comparison(base: Path, new: Path, out_dir: Path, *, plots: bool = True) -> Comparison:
     """Compare two results folders (or files) and write compare.json, compare.md and the plots
     into `out_dir`."""
-    comparison = compare(load_run(base), load_run(new))
+    base_run, new_run = load_run(base), load_run(new)
+    comparison = compare(base_run, new_run)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
     if plots:
         from planner.compare.plots import capacity_plot, statistic_plots
 
-        written = statistic_plots(comparison, out_dir)
+        written = statistic_plots(comparison, match(base_run, new_run)[0], out_dir)
         if (capacity := capacity_plot(comparison, out_dir)) is not None:
             written.append(capacity)
     write_json_atomic(out_dir / JSON_FILE, comparison.model_dump(mode="json"))

@@ -19,8 +19,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.compare import stats
+from planner.compare.identity import differences
 from planner.compare.runs import Run, RunPoint, match
-from replay.identity import differences
 from replay.results import StepResult
 
 Verdict = Literal["regressed", "improved", "unchanged", "inconclusive"]
@@ -47,7 +47,7 @@ class StatisticComparison(_Model):
     new: float | None
     new_ci95: list[float | None] | None
     change_fraction: float | None = None
-    difference_ci95: list[float] | None = None
+    difference_ci95: list[float | None] | None = None
     p_value: float | None = None
     verdict: Verdict = "inconclusive"
 

@@ -36,10 +36,10 @@ Bounds = Sequence[float | None] | None
 
 @dataclass(frozen=True)
 class Test:
-    # new - base, and its 95% interval by MOVER.
+    # new - base, and its 95% interval by MOVER (None: that side open).
     difference: float
-    lower: float
-    upper: float
+    lower: float | None
+    upper: float | None
     p_value: float
 
 
@@ -64,12 +64,7 @@ def difference_test(base: float | None, base_ci: Bounds, new: float | None, new_
     else:
         z = abs(d) / (width / Z_975)
         p = math.erfc(z / math.sqrt(2))
-    return Test(
-        difference=d,
-        lower=low if low is not None else -math.inf,
-        upper=high if high is not None else math.inf,
-        p_value=p,
-    )
+    return Test(difference=d, lower=low, upper=high, p_value=p)
 
 
 def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:

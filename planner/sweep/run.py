@@ -165,6 +165,11 @@ async def _sweep(
                     )
                     continue
         todo.append((point, result))
+    if identity.model.revision is None:
+        # A Hub name without @revision: the commit the estimate read it at, when it did.
+        read_at = next((p.prediction.model.revision for p in ctx.results.points if isinstance(p.prediction, Estimate)), None)
+        identity = identity.model_copy(update={"model": identity.model.model_copy(update={"revision": read_at})})
+        ctx.results.identity = identity
     ctx.save()
 
     try:

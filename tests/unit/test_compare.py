@@ -13,7 +13,8 @@ from planner.compare.core import capacity_verdict, compare, representative_steps
 from planner.compare.runs import RunPoint, load_run, match
 from planner.identity import model_identity, parse_gpu_query
 from planner.sweep.results import PointResult, SweepResults
-from replay.identity import Hardware, Identity, ModelIdentity, differences
+from planner.compare.identity import differences
+from replay.identity import Hardware, Identity, ModelIdentity
 from replay.results import LatencySummary, LoadSpec, ReplayResults
 from tests.fakes.results import FIXTURES, make_step
 
