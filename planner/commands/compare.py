@@ -57,10 +57,19 @@ def add_baseline_args(p: argparse.ArgumentParser) -> None:
 
 def check_baseline(args: argparse.Namespace) -> None:
     """Read the baseline before anything is measured: a mistyped folder must not cost a sweep."""
+    _check_fail_on(args.fail_on)
     if args.baseline is not None:
         from planner.compare.runs import load_run
 
         load_run(Path(args.baseline))
+
+
+def _check_fail_on(fail_on: str) -> None:
+    # argparse checks choices on the command line only, not a default from the environment.
+    if fail_on not in FAIL_ON:
+        from planner.errors import ConfigError
+
+        raise ConfigError(f"--fail-on (or PLANNER_FAIL_ON) is {fail_on!r}; valid: {', '.join(FAIL_ON)}")
 
 
 def exit_status(comparison, fail_on: str) -> int:
@@ -93,5 +102,6 @@ def against_baseline(args: argparse.Namespace, results_dir: Path, console) -> in
 def run(args: argparse.Namespace) -> int:
     from planner.tables import stdout_console
 
+    _check_fail_on(args.fail_on)
     out_dir = args.output if args.output is not None else results_file(args.new).parent
     return compare_and_print(args.base, args.new, out_dir, fail_on=args.fail_on, plots=args.plots, console=stdout_console())

@@ -11,11 +11,12 @@ import pytest
 from planner.cli import main
 from planner.compare.core import capacity_verdict, compare, representative_steps
 from planner.compare.runs import RunPoint, load_run, match
-from planner.identity import model_identity, parse_gpu_query
+from planner.identity import hardware, model_identity, parse_gpu_query
 from planner.sweep.results import PointResult, SweepResults
 from planner.compare.identity import differences
 from replay.identity import Hardware, Identity, ModelIdentity
 from replay.results import LatencySummary, LoadSpec, ReplayResults
+from replay.session import served_model_files
 from tests.fakes.results import FIXTURES, make_step
 
 # --- identity -----------------------------------------------------------------------------------
@@ -249,3 +250,24 @@ def test_input_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["compare", str(sweep), str(broken)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"planner compare: error: {broken / 'sweep.json'}:2: not valid JSON") and "\n" not in err
+
+
+def test_an_invalid_fail_on_from_the_environment_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PLANNER_FAIL_ON", "regresion")
+    sweep = _sweep(tmp_path, "a", [_point("p0", {})])
+    assert main(["compare", str(sweep), str(sweep), "--no-plots"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "planner compare: error: --fail-on (or PLANNER_FAIL_ON) is 'regresion'; valid: none, regression, change"
+    )
+
+
+def test_without_nvidia_smi_the_hardware_is_the_cpu():
+    hw = hardware(nvidia_smi="no-such-nvidia-smi")
+    assert hw.kind == "cpu" and hw.count >= 1 and hw.seen_from == "local"
+
+
+def test_a_replay_hashes_the_served_model_folder_when_it_is_here(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    found = served_model_files(Identity(), str(tmp_path))
+    assert found.model.dtype == "float16" and len(found.model.sha256) == 64
+    assert served_model_files(Identity(), "fake-model") == Identity()
