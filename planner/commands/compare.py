@@ -43,6 +43,21 @@ def add_fail_on(p: argparse.ArgumentParser) -> None:
         help="exit 1 when a point regressed (regression) or changed significantly either way (change);"
         " default none (env PLANNER_FAIL_ON)",
     )  # fmt: skip
+    p.add_argument(
+        "--min-change", type=_fraction, default=env_default("PLANNER_MIN_CHANGE", "0"), metavar="FRACTION",
+        help="a significant change of a figure smaller than this fraction of the baseline's counts as"
+        " unchanged, e.g. 0.05 (default 0: every significant change counts; env PLANNER_MIN_CHANGE)",
+    )  # fmt: skip
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction such as 0.05") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a fraction from 0 up to 1, such as 0.05")
+    return value
 
 
 def add_baseline_args(p: argparse.ArgumentParser) -> None:
@@ -80,14 +95,14 @@ def exit_status(comparison, fail_on: str) -> int:
     return 0
 
 
-def compare_and_print(base: Path, new: Path, out_dir: Path, *, fail_on: str, plots: bool, console) -> int:
+def compare_and_print(base: Path, new: Path, out_dir: Path, *, args: argparse.Namespace, plots: bool, console) -> int:
     from planner.compare import MARKDOWN_FILE, summary_lines, write_comparison
 
-    comparison = write_comparison(base, new, out_dir, plots=plots)
+    comparison = write_comparison(base, new, out_dir, plots=plots, min_change=args.min_change)
     for line in summary_lines(comparison):
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     console.print(f"comparison: {Path(out_dir) / MARKDOWN_FILE}", soft_wrap=True, highlight=False, markup=False)
-    return exit_status(comparison, fail_on)
+    return exit_status(comparison, args.fail_on)
 
 
 def against_baseline(args: argparse.Namespace, results_dir: Path, console) -> int:
@@ -95,7 +110,7 @@ def against_baseline(args: argparse.Namespace, results_dir: Path, console) -> in
     if args.baseline is None:
         return 0
     return compare_and_print(
-        Path(args.baseline), results_dir, results_dir, fail_on=args.fail_on, plots=True, console=console
+        Path(args.baseline), results_dir, results_dir, args=args, plots=True, console=console
     )
 
 
@@ -104,4 +119,4 @@ def run(args: argparse.Namespace) -> int:
 
     _check_fail_on(args.fail_on)
     out_dir = args.output if args.output is not None else results_file(args.new).parent
-    return compare_and_print(args.base, args.new, out_dir, fail_on=args.fail_on, plots=args.plots, console=stdout_console())
+    return compare_and_print(args.base, args.new, out_dir, args=args, plots=args.plots, console=stdout_console())

@@ -21,11 +21,11 @@ JSON_FILE = "compare.json"
 MARKDOWN_FILE = "compare.md"
 
 
-def write_comparison(base: Path, new: Path, out_dir: Path, *, plots: bool = True) -> Comparison:
+def write_comparison(base: Path, new: Path, out_dir: Path, *, plots: bool = True, min_change: float = 0.0) -> Comparison:
     """Compare two results folders (or files) and write compare.json, compare.md and the plots
     into `out_dir`."""
     base_run, new_run = load_run(base), load_run(new)
-    comparison = compare(base_run, new_run)
+    comparison = compare(base_run, new_run, min_change=min_change)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[str] = []

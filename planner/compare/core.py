@@ -93,6 +93,8 @@ class Comparison(_Model):
     verdict: Verdict
     method: str = METHOD
     tests: int = 0
+    # Significant changes smaller than this fraction of the baseline's figure count as unchanged.
+    min_change: float = 0.0
 
     def regressed(self) -> bool:
         return any(p.verdict == "regressed" for p in self.points)
@@ -225,7 +227,9 @@ def _point_verdict(point: PointComparison) -> PointComparison:
     return point.model_copy(update={"verdict": verdict, "reasons": reasons})
 
 
-def compare(base: Run, new: Run) -> Comparison:
+def compare(base: Run, new: Run, *, min_change: float = 0.0) -> Comparison:
+    """Compare two runs. A significant change of a figure smaller than `min_change` (a fraction
+    of the baseline's value) is called unchanged: real, but too small to matter."""
     pairs, only_base, only_new = match(base, new)
     names = compared_statistics(set(base.slo) | set(new.slo))
     points: list[PointComparison] = []
@@ -262,7 +266,8 @@ def compare(base: Run, new: Run) -> Comparison:
     # Holm over every testable figure of the comparison: one false alarm in all at most 5% of the time.
     significant = stats.holm([test.p_value for _, test in tested])
     for (row, test), hit in zip(tested, significant, strict=True):
-        row.verdict = ("regressed" if _worse(row.statistic, test.difference) else "improved") if hit else "unchanged"
+        small = row.change_fraction is not None and abs(row.change_fraction) < min_change
+        row.verdict = ("regressed" if _worse(row.statistic, test.difference) else "improved") if hit and not small else "unchanged"
     points = [_point_verdict(p) for p in points]
     found = {p.verdict for p in points}
     overall: Verdict = next((v for v in ("regressed", "improved", "inconclusive", "unchanged") if v in found), "inconclusive")
@@ -278,4 +283,5 @@ def compare(base: Run, new: Run) -> Comparison:
         points=points,
         verdict=overall,
         tests=len(tested),
+        min_change=min_change,
     )

@@ -92,6 +92,8 @@ def markdown(c: Comparison, plots: list[str]) -> str:
     if c.only_in_new:
         out.append(f"- only in the new run: {'; '.join(c.only_in_new)}")
     out.append(f"- method: {c.method}; {c.tests} figures tested")
+    if c.min_change:
+        out.append(f"- significant changes under {c.min_change:.0%} of the baseline's figure count as unchanged (--min-change)")
     out.append("")
     out.append("## Capacity per point")
     out.append("")

@@ -271,3 +271,13 @@ def test_a_replay_hashes_the_served_model_folder_when_it_is_here(tmp_path):
     found = served_model_files(Identity(), str(tmp_path))
     assert found.model.dtype == "float16" and len(found.model.sha256) == 64
     assert served_model_files(Identity(), "fake-model") == Identity()
+
+
+def test_min_change_keeps_a_small_significant_change_unchanged(tmp_path):
+    base = _sweep(tmp_path, "a", [_point("p0", {}, steps=[_step(4, 20.0, [19.9, 20.1])])])
+    new = _sweep(tmp_path, "b", [_point("p0", {}, steps=[_step(4, 20.6, [20.5, 20.7])])])
+    rows = lambda c: {r.statistic: r.verdict for r in c.points[0].statistics}  # noqa: E731
+    assert rows(compare(load_run(base), load_run(new)))["tpot_p50_ms"] == "regressed"  # +3%, tight intervals
+    assert rows(compare(load_run(base), load_run(new), min_change=0.05))["tpot_p50_ms"] == "unchanged"
+    assert main(["compare", str(base), str(new), "--no-plots", "--fail-on", "regression", "--min-change", "0.05"]) == 0
+    assert main(["compare", str(base), str(new), "--no-plots", "--fail-on", "regression"]) == 1
