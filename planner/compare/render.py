@@ -78,7 +78,8 @@ def summary_lines(c: Comparison) -> list[str]:
                     f"  {row.statistic} at {_load(row)}: {_num(row.base)} {_ci(row.base_ci95)} -> {_num(row.new)}"
                     f" {_ci(row.new_ci95)} {_unit(row.statistic)}, p={_p(row.p_value)}"
                 )
-    lines.append(f"{c.tests} figures tested on their 95% intervals (MOVER), Holm-corrected: 5% chance of any false alarm")
+    figures = "1 figure" if c.tests == 1 else f"{c.tests} figures"
+    lines.append(f"{figures} tested (MOVER on the stored 95% intervals; Holm-corrected: 5% chance of any false alarm)")
     return lines
 
 

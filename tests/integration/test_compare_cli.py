@@ -12,20 +12,20 @@ import pytest
 from planner.cli import main
 
 # ITL = 5 ms x (1 + growth x running): at 4 in flight 25 ms with growth 1, 30 ms (+20%) with 1.25.
-LAW = ("--itl-s", "0.005", "--ttft-s", "0.005", "--slowness-sigma", "0.2")
+LAW = ("--itl-s", "0.005", "--ttft-s", "0.005", "--slowness-sigma", "0.3")
 SLO = "tpot_p50_ms=1000,error_rate=0"
 
 
 def _corpus(tmp_path: Path) -> Path:
     path = tmp_path / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"request {i}: tell me about KV caches", "max_tokens": 8}) + "\n" for i in range(200)))
+    path.write_text("".join(json.dumps({"prompt": f"request {i}: tell me about KV caches", "max_tokens": 8}) + "\n" for i in range(300)))
     return path
 
 
 def _replay(url: str, corpus: Path, out: Path, *extra: str) -> int:
     return main([
-        "replay", "--prompts", str(corpus), "--url", url, "--concurrency", "4", "--min-requests", "100",
-        "--max-requests", "100", "--slo", SLO, "--output", str(out), *extra,
+        "replay", "--prompts", str(corpus), "--url", url, "--concurrency", "4", "--min-requests", "200",
+        "--max-requests", "200", "--slo", SLO, "--output", str(out), *extra,
     ])  # fmt: skip
 
 
