@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.compare import stats
 from planner.compare.identity import differences
 from planner.compare.runs import Run, RunPoint, match
+from replay.identity import Identity
 from replay.results import StepResult
 
 Verdict = Literal["regressed", "improved", "unchanged", "inconclusive"]
@@ -84,6 +85,8 @@ class Comparison(_Model):
     new: str
     kind: str
     identity_changes: list[str]
+    base_identity: Identity
+    new_identity: Identity
     # False where a file predates recorded identities (only its corpus, SLOs and version are known).
     base_identity_recorded: bool
     new_identity_recorded: bool
@@ -276,6 +279,8 @@ def compare(base: Run, new: Run, *, min_change: float = 0.0) -> Comparison:
         new=str(new.path),
         kind=base.kind,
         identity_changes=differences(base.identity, new.identity),
+        base_identity=base.identity,
+        new_identity=new.identity,
         base_identity_recorded=base.identity_recorded,
         new_identity_recorded=new.identity_recorded,
         only_in_base=[p.label for p in only_base],

@@ -83,11 +83,36 @@ def summary_lines(c: Comparison) -> list[str]:
     return lines
 
 
+def _measured_on(identity) -> str:
+    model = identity.model
+    parts = [f"vLLM {identity.vllm_version or '?'}", f"model {model.name or '?'}"]
+    if model.revision:
+        parts.append(f"revision {model.revision}")
+    if model.sha256:
+        parts.append(f"files {model.sha256[:12]}")
+    for label, value in (("dtype", model.dtype), ("quantization", model.quantization), ("KV cache", model.kv_cache_dtype)):
+        if value:
+            parts.append(f"{label} {value}")
+    hw = identity.hardware
+    if hw is not None:
+        if hw.kind == "gpu":
+            parts.append(f"{hw.count} x {hw.model} (driver {hw.driver_version or '?'}, CUDA {hw.cuda_version or '?'})")
+        else:
+            parts.append(f"CPU {hw.cpu_model or '?'}")
+    if identity.server_flags:
+        parts.append("flags `" + " ".join(identity.server_flags) + "`")
+    if identity.corpus_sha256:
+        parts.append(f"corpus {identity.corpus_sha256[:12]}")
+    return ", ".join(parts)
+
+
 def markdown(c: Comparison, plots: list[str]) -> str:
     out = [f"# Comparison: {c.verdict}", ""]
     out.append(f"- baseline: `{c.base}`")
     out.append(f"- new: `{c.new}`")
     out.append(f"- what changed: {', '.join(c.identity_changes)}")
+    out.append(f"- baseline measured on: {_measured_on(c.base_identity)}")
+    out.append(f"- new run measured on: {_measured_on(c.new_identity)}")
     if c.only_in_base:
         out.append(f"- only in the baseline: {'; '.join(c.only_in_base)}")
     if c.only_in_new:
