@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.compare import stats
 from planner.compare.identity import differences
 from planner.compare.runs import Run, RunPoint, match
-from replay.identity import Identity
+from replay.identity import Identity, ModelIdentity
 from replay.results import StepResult
 
 Verdict = Literal["regressed", "improved", "unchanged", "inconclusive"]
@@ -230,6 +230,16 @@ def _point_verdict(point: PointComparison) -> PointComparison:
     return point.model_copy(update={"verdict": verdict, "reasons": reasons})
 
 
+def _what_old_files_say(identity: Identity) -> Identity:
+    """The part of an identity that files from before `identity` also hold."""
+    return Identity(
+        vllm_version=identity.vllm_version,
+        model=ModelIdentity(name=identity.model.name),
+        corpus_sha256=identity.corpus_sha256,
+        slo=identity.slo,
+    )
+
+
 def compare(base: Run, new: Run, *, min_change: float = 0.0) -> Comparison:
     """Compare two runs. A significant change of a figure smaller than `min_change` (a fraction
     of the baseline's value) is called unchanged: real, but too small to matter."""
@@ -278,7 +288,12 @@ def compare(base: Run, new: Run, *, min_change: float = 0.0) -> Comparison:
         base=str(base.path),
         new=str(new.path),
         kind=base.kind,
-        identity_changes=differences(base.identity, new.identity),
+        identity_changes=(
+            differences(base.identity, new.identity)
+            if base.identity_recorded and new.identity_recorded
+            # Against an older file, only what both say: its unknowns are not changes.
+            else differences(_what_old_files_say(base.identity), _what_old_files_say(new.identity))
+        ),
         base_identity=base.identity,
         new_identity=new.identity,
         base_identity_recorded=base.identity_recorded,

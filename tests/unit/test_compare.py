@@ -281,3 +281,23 @@ def test_min_change_keeps_a_small_significant_change_unchanged(tmp_path):
     assert rows(compare(load_run(base), load_run(new), min_change=0.05))["tpot_p50_ms"] == "unchanged"
     assert main(["compare", str(base), str(new), "--no-plots", "--fail-on", "regression", "--min-change", "0.05"]) == 0
     assert main(["compare", str(base), str(new), "--no-plots", "--fail-on", "regression"]) == 1
+
+
+def test_against_a_file_from_before_identities_only_what_both_say_is_compared(tmp_path):
+    old = json.loads((FIXTURES / "sweep" / "sweep.json").read_text())
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "sweep.json").write_text(json.dumps(old))
+    recorded = SweepResults.model_validate(old).model_copy(
+        update={"identity": _identity(vllm_version="0.32.0", model=ModelIdentity(name=old["settings"]["server"]["model"]))}
+    )
+    recorded = recorded.model_copy(
+        update={"identity": recorded.identity.model_copy(update={"corpus_sha256": recorded.run.corpus.sha256, "slo": recorded.settings.slo.bounds()})}
+    )
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "sweep.json").write_text(recorded.model_dump_json())
+    c = compare(load_run(folder), load_run(new))
+    # Hardware, flags, env and the planner's version are unknown in the old file: not changes.
+    assert c.identity_changes == ["corpus unchanged"]
+    assert not c.base_identity_recorded and c.new_identity_recorded
