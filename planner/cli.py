@@ -19,7 +19,7 @@ from planner.interrupt import Terminated
 from replay.errors import ReplayError
 
 # planner.commands.NAME for each; `planner --help` lists them in this order.
-COMMANDS: tuple[str, ...] = ("init", "replay", "report", "sweep", "prompts", "estimate", "measure_train")
+COMMANDS: tuple[str, ...] = ("init", "replay", "report", "compare", "sweep", "prompts", "estimate", "measure_train")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,11 +10,13 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from replay.atomic import atomic_text
+from replay.identity import Identity
 
-SCHEMA_VERSION = 1
+# 2: `identity`, what the run measured (replay.identity); version 1 files load without it.
+SCHEMA_VERSION = 2
 
 LoadMode = Literal["concurrency", "rate", "trace"]
 # unresolved: the window ran out of time before its bounds were finite (see replay.step).
@@ -183,6 +185,8 @@ class ReplayResults(_Model):
     corpus: CorpusInfo
     settings: dict[str, Any]
     slo: dict[str, float]
+    # What was measured: the server's version, the model, the hardware, ... (None in version 1).
+    identity: Identity | None = None
     steps: list[StepResult] = Field(default_factory=list)
     find_max: bool = False
     max_passing_concurrency: int | None = None
@@ -200,6 +204,14 @@ class ReplayResults(_Model):
     # The search stopped on [replay] point_budget_s before it was done.
     budget_exhausted: bool = False
     interrupted: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_version_1(cls, data: Any) -> Any:
+        # Version 1 differs only by lacking `identity`, which stays None (unknown).
+        if isinstance(data, dict) and data.get("schema_version") == 1:
+            return {**data, "schema_version": SCHEMA_VERSION}
+        return data
 
 
 M = TypeVar("M", bound=BaseModel)

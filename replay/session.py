@@ -18,6 +18,7 @@ from replay.errors import ReplayError, StepAborted
 from replay import slo as slo_mod
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
 from replay.observer import ReplayObserver
+from replay.identity import Identity, model_config_facts, model_fingerprint
 from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
 from replay.saturation import first_probe, saturation_probe
 from replay.search import Probe, bracket, is_confirmed, knee_interval, next_probe, unresolved
@@ -208,6 +209,17 @@ async def search_start(replay: Replay, settings: ReplaySettings) -> tuple[int, s
     return first_probe(probe, replay.slo)
 
 
+def served_model_files(identity: Identity, served: str) -> Identity:
+    """vLLM serves a model folder under its path: when that folder is here, its files' hash and
+    config facts identify the model (unless the caller already did)."""
+    folder = Path(served)
+    if identity.model.sha256 is not None or not folder.is_dir():
+        return identity
+    facts = {k: v for k, v in model_config_facts(folder).items() if getattr(identity.model, k) is None}
+    model = {**identity.model.model_dump(), "sha256": model_fingerprint(folder), **facts}
+    return Identity.model_validate({**identity.model_dump(), "model": model})
+
+
 def _corpus_info(corpus: Corpus) -> CorpusInfo:
     return CorpusInfo(
         path=str(corpus.path), sha256=corpus.sha256, requests=len(corpus), skipped_invalid=corpus.skipped_invalid
@@ -224,8 +236,12 @@ async def run_replay(
     api_key: str | None = None,
     output_dir: Path | None = None,
     observer: ReplayObserver | None = None,
+    identity: Identity | None = None,
 ) -> ReplayResults:
-    """`planner replay`: the planned loads, then the search when `settings.find_max`."""
+    """`planner replay`: the planned loads, then the search when `settings.find_max`.
+
+    `identity` is what the caller knows of the server (the model's files, the hardware); the
+    server's version, the served model, the corpus and the SLOs are filled in here."""
     loads = planned_loads(settings)
     if not loads and not settings.find_max:
         raise ReplayError("nothing to run: give --concurrency, --rate, --trace or --find-max")
@@ -251,6 +267,7 @@ async def run_replay(
         extra_body=settings.extra_body,
     ) as client:
         served = await client.check()
+        known = served_model_files(identity or Identity(), served)
         results = ReplayResults(
             started_at=datetime.now(UTC).isoformat(timespec="seconds"),
             url=url,
@@ -259,6 +276,15 @@ async def run_replay(
             corpus=_corpus_info(corpus),
             settings=settings.model_dump(mode="json"),
             slo=slo,
+            identity=Identity.model_validate(
+                {
+                    **known.model_dump(),
+                    "vllm_version": known.vllm_version or await client.version(),
+                    "model": {**known.model.model_dump(), "name": known.model.name or served},
+                    "corpus_sha256": corpus.sha256,
+                    "slo": dict(slo),
+                }
+            ),
             find_max=settings.find_max,
         )
 

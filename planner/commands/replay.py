@@ -8,6 +8,8 @@ from pathlib import Path
 from rich.console import Console
 
 from planner import interrupt
+from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
+from planner.identity import replay_identity
 from planner.cliargs import add_metrics_args, comma_list, env_default, metrics_exporter
 from planner.progress import StepProgress
 from planner.report import write_report
@@ -87,6 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--skip-invalid", action="store_true", help="skip invalid corpus lines (and report how many)")
     p.add_argument("--output", type=Path, default=None, help=f"write DIR/{RESULTS_FILE} after every step, and the report")
+    add_baseline_args(p)
     add_metrics_args(p)
     p.set_defaults(run=run)
 
@@ -129,8 +132,11 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.url:
         raise ConfigError("--url is required (or set PLANNER_URL), e.g. --url http://127.0.0.1:8000")
+    if args.baseline is not None and args.output is None:
+        raise ConfigError(f"--baseline {args.baseline} needs --output DIR: the comparison reads the new run's {RESULTS_FILE}")
     settings = settings_from_args(args)
     slo = slo_mod.parse(args.slo)
+    check_baseline(args)
     corpus = load_corpus(args.prompts, skip_invalid=args.skip_invalid)
     console = stdout_console()
     if corpus.skipped_invalid:
@@ -147,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
                 api_key=args.api_key,
                 output_dir=args.output,
                 observer=Observers(progress, exporter),
+                identity=replay_identity(args.url),
             )
         )
     console.print(steps_table(results.steps, title=f"{results.model} at {results.url}"))
@@ -155,4 +162,5 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         written = write_report(args.output)
         console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}, {written[0].with_name(HTML_FILE)}")
+        return against_baseline(args, args.output, console)
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from planner import cpus as cpus_mod
 from planner import interrupt
+from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
 from planner.cliargs import add_metrics_args, env_default, key_values, metrics_exporter
 from planner.errors import ConfigError
 from planner.progress import StepProgress
@@ -66,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="size a fleet for this many concurrent requests in the report (env PLANNER_TARGET_CONCURRENCY)")
     p.add_argument("--executor", choices=("local", "ray"), default=None,
                    help="where points run: this machine or a Ray cluster (overrides [executor] kind; env PLANNER_EXECUTOR__KIND)")
+    add_baseline_args(p)
     add_metrics_args(p)
     p.set_defaults(run=run)
 
@@ -141,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
             )
             console.print(f"  {expected}", soft_wrap=True, highlight=False)
         return 0
+    check_baseline(args)
     corpus = load_corpus(settings.prompts)
     pinned = cpus_mod.split(settings.cpus.client)
     if pinned is not None:
@@ -163,5 +166,5 @@ def run(args: argparse.Namespace) -> int:
     for line in sweep_summary(results):
         console.print(line, soft_wrap=True, highlight=False)
     console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}, {written[0].with_name(HTML_FILE)}")
-    return 0
+    return against_baseline(args, args.output, console)
 

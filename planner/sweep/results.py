@@ -11,12 +11,14 @@ from planner.capacity import Capacity, Failure
 from planner.estimate import Estimate
 from replay import slo as slo_mod
 from replay.errors import SloSpecError
+from replay.identity import Identity
 from replay.results import StepResult, write_json_atomic
 
 RESULTS_FILE = "sweep.json"
 
 # 2: the run's corpus, vLLM version and GPUs moved from `settings` to `run` (RunInfo).
-SCHEMA_VERSION = 2
+# 3: `identity`, what the run measured (replay.identity); older files load without it.
+SCHEMA_VERSION = 3
 
 # pending and running appear only while a sweep runs (or in the file of one that was killed).
 PointStatus = Literal["ok", "infeasible", "failed", "predicted_infeasible", "pending", "running"]
@@ -207,18 +209,24 @@ class SweepResults(_Model):
     # The sweep settings as given (secrets replaced by "***"; see planner.sweep.config.public_settings).
     settings: SavedSettings
     run: RunInfo = Field(default_factory=RunInfo)
+    # What was measured: vLLM, the model, the server's flags and env, the hardware, the corpus,
+    # the SLOs, the planner (None in files before version 3: unknown).
+    identity: Identity | None = None
     points: list[PointResult] = Field(default_factory=list)
     best: Best | None = None
     interrupted: bool = False
 
     @model_validator(mode="before")
     @classmethod
-    def _from_version_1(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("schema_version") != 1 or not isinstance(data.get("settings"), dict):
+    def _from_older_versions(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("schema_version") not in (1, 2):
             return data
-        settings = dict(data["settings"])
-        run = {k: settings.pop(k) for k in _RUN_KEYS_IN_V1_SETTINGS if k in settings}
-        return {**data, "schema_version": SCHEMA_VERSION, "settings": settings, "run": run}
+        if data["schema_version"] == 1 and isinstance(data.get("settings"), dict):
+            settings = dict(data["settings"])
+            run = {k: settings.pop(k) for k in _RUN_KEYS_IN_V1_SETTINGS if k in settings}
+            data = {**data, "settings": settings, "run": run}
+        # Version 2 lacks only `identity`, which stays None (unknown).
+        return {**data, "schema_version": SCHEMA_VERSION}
 
 
 def write_results(output_dir: Path, results: SweepResults) -> None:

@@ -13,6 +13,7 @@ from planner import cpus as cpus_mod
 from planner.capacity import Failure
 from planner.errors import ConfigError
 from planner.estimate import Estimate
+from planner.identity import server_identity
 from planner.sweep.config import SweepSettings, public_settings
 from planner.sweep.executor import Executor, SweepContext, Todo
 from planner.sweep.grid import Point, expand, fingerprint
@@ -112,6 +113,19 @@ async def _sweep(
         gpus_found=[g.index for g in inventory],
         cpus_split=None if cpus is None else CpuSplitInfo(server=list(cpus.server), client=list(cpus.client)),
     )
+    server = settings.server
+    identity = await asyncio.to_thread(
+        server_identity,
+        command=server.command,
+        model=server.model,
+        args=server.args,
+        env=server.env,
+        secrets=[server.api_key.get_secret_value()] if server.api_key else [],
+        vllm_version=version,
+        corpus_sha256=corpus.sha256,
+        slo=settings.slo.rules(),
+        use_gpus=settings.gpus.devices != "none",
+    )
     ctx = SweepContext(
         shared=PointContext(
             settings=settings,
@@ -121,7 +135,7 @@ async def _sweep(
             gpu_inventory=inventory,
             cpus=cpus,
         ),
-        results=SweepResults(started_at=now(), settings=public_settings(settings), run=run),
+        results=SweepResults(started_at=now(), settings=public_settings(settings), run=run, identity=identity),
     )
     todo: Todo = []
     for point in points:
@@ -151,6 +165,11 @@ async def _sweep(
                     )
                     continue
         todo.append((point, result))
+    if identity.model.revision is None:
+        # A Hub name without @revision: the commit the estimate read it at, when it did.
+        read_at = next((p.prediction.model.revision for p in ctx.results.points if isinstance(p.prediction, Estimate)), None)
+        identity = identity.model_copy(update={"model": identity.model.model_copy(update={"revision": read_at})})
+        ctx.results.identity = identity
     ctx.save()
 
     try:
@@ -160,5 +179,9 @@ async def _sweep(
         raise
     finally:
         ctx.results.best = choose_best(ctx.results.points)
+        if identity.vllm_version is None:
+            # A container's command cannot be asked beforehand; its servers said it.
+            said = next((p.vllm_version for p in ctx.results.points if p.vllm_version), None)
+            ctx.results.identity = identity.model_copy(update={"vllm_version": said})
         ctx.save()
     return ctx.results

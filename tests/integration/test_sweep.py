@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,6 +114,21 @@ def test_sweep_finds_the_known_answer_and_classifies_the_infeasible_point(tmp_pa
     printed = capsys.readouterr().out
     assert "recommended: " + big.id in printed
     assert fake_vllm_processes(cfg) == []
+
+    # What it measured is recorded beside the settings.
+    identity = results.identity
+    assert identity.server_flags == ["--enforce-eager"] and identity.server_env["FAKE_VLLM_ITL_GROWTH"] == "0.5"
+    assert identity.hardware.kind in ("cpu", "gpu") and identity.slo == {"tpot_p50_ms": 150, "error_rate": 0, "max_preemptions": 0}
+    assert identity.vllm_version == big.vllm_version and identity.corpus_sha256 == results.run.corpus.sha256
+    # --baseline compares at the end: here the same results again (--resume reuses every point).
+    shutil.copytree(out, tmp_path / "baseline")
+    args = ["--output", str(out), "--resume", "--baseline", str(tmp_path / "baseline"), "--fail-on", "regression"]
+    assert main(["sweep", "--config", str(cfg), *args]) == 0
+    printed = capsys.readouterr().out
+    assert f"{tmp_path / 'baseline' / 'sweep.json'} -> {out / 'sweep.json'}: UNCHANGED" in printed
+    assert "changed: corpus unchanged" in printed
+    compared = json.loads((out / "compare.json").read_text())
+    assert [p["verdict"] for p in compared["points"]] == ["unchanged", "unchanged"]
 
 
 @pytest.mark.timeout(300)

@@ -20,7 +20,8 @@ def test_version_1_run_metadata_moves_from_settings_to_run():
     raw = json.loads(FIXTURE.read_text())
     assert raw["schema_version"] == 1 and "run" not in raw
     sweep = SweepResults.model_validate(raw)
-    assert sweep.schema_version == SCHEMA_VERSION == 2
+    assert sweep.schema_version == SCHEMA_VERSION == 3
+    assert sweep.identity is None
     assert sweep.run == RunInfo(
         corpus=CorpusInfo(path="prompts/prod.jsonl", sha256="9f2c" * 16, requests=500),
         vllm_version="0.32.0",
@@ -31,10 +32,11 @@ def test_version_1_run_metadata_moves_from_settings_to_run():
     assert [p.id for p in sweep.points] == [p["id"] for p in raw["points"]]
 
 
-def test_version_2_round_trips_unchanged():
+def test_a_migrated_file_round_trips_unchanged():
     sweep = SweepResults.model_validate_json(FIXTURE.read_text())
     saved = sweep.model_dump(mode="json")
-    assert saved["schema_version"] == 2
+    assert saved["schema_version"] == 3
+    assert saved["identity"] is None
     assert saved["run"] == {
         "corpus": {"path": "prompts/prod.jsonl", "sha256": "9f2c" * 16, "requests": 500},
         "vllm_version": "0.32.0",
@@ -43,6 +45,15 @@ def test_version_2_round_trips_unchanged():
     }
     assert SweepResults.model_validate(saved) == sweep
 
+
+def test_version_2_loads_with_its_identity_unknown():
+    raw = SweepResults.model_validate_json(FIXTURE.read_text()).model_dump(mode="json")
+    del raw["identity"]
+    raw["schema_version"] = 2
+    sweep = SweepResults.model_validate(raw)
+    assert sweep.schema_version == 3 and sweep.identity is None
+    assert sweep.run.vllm_version == "0.32.0"
+    assert [p.id for p in sweep.points] == [p["id"] for p in raw["points"]]
 
 
 def test_saved_settings_are_typed_where_the_report_reads_them():
