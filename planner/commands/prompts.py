@@ -1,6 +1,7 @@
 """`planner prompts`: look at a corpus before replaying it, and convert ShareGPT dumps into one.
 
-    planner prompts stats FILE [--url URL]     counts and token-length percentiles
+    planner prompts stats FILE [--url URL] [--block-size N] [--kv-blocks N]
+                                               counts, token-length percentiles, prefix sharing
     planner prompts convert --from sharegpt IN OUT [--max-tokens-from-reply]
 
 Without --url, input lengths are an estimate (replay.lengths.ESTIMATE_RULE) and every output
@@ -17,8 +18,14 @@ from pathlib import Path
 
 from planner.cliargs import env_default
 from replay.corpus import load_corpus, request_text
-from replay.corpus_stats import corpus_stats, render_stats, server_token_counts
-from replay.lengths import ESTIMATE_RULE, estimate_tokens
+from planner.vllm_log import cache_config_labels
+from replay.corpus_stats import corpus_stats, render_stats, server_prompt_blocks
+from replay.lengths import ESTIMATE_RULE
+from replay.prefix_cache import block_hashes, estimate_token_ids, sharing
+
+# vLLM's default block size on GPUs (the CPU build uses 128); used when neither the flag nor a
+# server says.
+DEFAULT_BLOCK_SIZE = 16
 from replay.sharegpt import convert_sharegpt
 
 
@@ -47,6 +54,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="completions",
         help="how prompt-form requests are tokenized: as a raw prompt or as one user message (default completions)",
     )
+    st.add_argument(
+        "--block-size",
+        type=_positive_int("--block-size"),
+        default=None,
+        help=f"KV block size of the prefix-cache figures (default: the server's with --url, else {DEFAULT_BLOCK_SIZE})",
+    )
+    st.add_argument(
+        "--kv-blocks",
+        type=_positive_int("--kv-blocks"),
+        default=None,
+        help="KV pool size in blocks for the LRU hit rate (default: the server's num_gpu_blocks with --url)",
+    )
     st.add_argument("--skip-invalid", action="store_true", help="skip invalid lines (and report how many)")
     st.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
     st.set_defaults(run=run_stats)
@@ -70,19 +89,70 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_stats(args: argparse.Namespace) -> int:
     corpus = load_corpus(args.file, skip_invalid=args.skip_invalid)
+    labels: dict[str, str] | None = None
     if args.url:
         api_key = args.api_key or env_default("PLANNER_API_KEY")
         url = args.url.rstrip("/")
-        input_tokens, model = asyncio.run(
-            server_token_counts(corpus, url, model=args.model, api=args.api, api_key=api_key)
+
+        def block_size(metrics: str | None) -> int:
+            nonlocal labels
+            labels = cache_config_labels(metrics) if metrics else None
+            return _block_size(args.block_size, labels)[0]
+
+        prompts, model, _ = asyncio.run(
+            server_prompt_blocks(
+                corpus, url, model=args.model, api=args.api, api_key=api_key, block_size=block_size
+            )
         )
         tokens = {"source": "server", "url": url, "model": model, "api": args.api}
     else:
-        input_tokens = [estimate_tokens(request_text(r)) for r in corpus.requests]
+        size = args.block_size or DEFAULT_BLOCK_SIZE
+        prompts = []
+        for r in corpus.requests:
+            ids = estimate_token_ids(request_text(r))
+            prompts.append((len(ids), block_hashes(ids, size)))
         tokens = {"source": "estimate", "rule": ESTIMATE_RULE}
-    stats = corpus_stats(corpus, input_tokens, tokens)
+    size, size_source = _block_size(args.block_size, labels)
+    kv_blocks, kv_source = args.kv_blocks, "--kv-blocks"
+    if kv_blocks is None and _label_int(labels, "num_gpu_blocks"):
+        kv_blocks, kv_source = _label_int(labels, "num_gpu_blocks"), "the server's num_gpu_blocks"
+    prefix = {
+        **sharing(prompts, size, kv_blocks).to_dict(),
+        "block_size_source": size_source,
+        "kv_blocks_source": kv_source if kv_blocks is not None else None,
+    }
+    stats = corpus_stats(corpus, [n for n, _ in prompts], tokens, prefix)
     print(json.dumps(stats, indent=2) if args.json else render_stats(stats))
     return 0
+
+
+def _block_size(flag: int | None, labels: dict[str, str] | None) -> tuple[int, str]:
+    if flag:
+        return flag, "--block-size"
+    served = _label_int(labels, "block_size")
+    if served:
+        return served, "the server's"
+    return DEFAULT_BLOCK_SIZE, "vLLM's GPU default; pass --block-size or --url"
+
+
+def _label_int(labels: dict[str, str] | None, key: str) -> int | None:
+    try:
+        return int((labels or {})[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def _positive_int(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: must be a positive integer")
+        return value
+
+    return parse
 
 
 def run_convert(args: argparse.Namespace) -> int:
