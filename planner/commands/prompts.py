@@ -3,6 +3,7 @@
     planner prompts stats FILE [--url URL] [--block-size N] [--kv-blocks N]
                                                counts, token-length percentiles, prefix sharing
     planner prompts convert --from sharegpt IN OUT [--max-tokens-from-reply]
+    planner prompts mooncake IN OUT [--block-size 512]   a Mooncake trace, its traced blocks shared
 
 Without --url, input lengths are an estimate (replay.lengths.ESTIMATE_RULE) and every output
 says so; with --url they are the server's own /tokenize counts, chat template included. The work
@@ -21,6 +22,7 @@ from replay.corpus import load_corpus, request_text
 from planner.vllm_log import cache_config_labels
 from replay.corpus_stats import corpus_stats, render_stats, server_prompt_blocks
 from replay.lengths import ESTIMATE_RULE
+from replay.mooncake import MOONCAKE_BLOCK_SIZE, convert_mooncake
 from replay.prefix_cache import block_hashes, estimate_token_ids, sharing
 
 # vLLM's default block size on GPUs (the CPU build uses 128); used when neither the flag nor a
@@ -85,6 +87,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"set max_tokens to the estimated length ({ESTIMATE_RULE}) of the reply that followed",
     )
     cv.set_defaults(run=run_convert)
+
+    mc = psub.add_parser(
+        "mooncake",
+        help="synthesise a corpus from a Mooncake-style trace, sharing exactly its traced blocks",
+        description="Convert a Mooncake-style trace (JSONL of timestamp in ms, input_length, output_length, hash_ids)"
+        " to the planner's JSONL: each line a prompt made of one text per hash id (equal ids, equal text), with"
+        f" max_tokens the output length and timestamp_s the arrival. Block lengths are in estimated tokens"
+        f" ({ESTIMATE_RULE}), so `prompts stats --block-size N` sees exactly the traced sharing.",
+    )
+    mc.add_argument("input", type=Path, metavar="IN", help="Mooncake trace JSONL")
+    mc.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
+    mc.add_argument(
+        "--block-size",
+        type=_positive_int("--block-size"),
+        default=MOONCAKE_BLOCK_SIZE,
+        help=f"tokens per hash id in the trace (default {MOONCAKE_BLOCK_SIZE}, as in Mooncake's traces)",
+    )
+    mc.set_defaults(run=run_mooncake)
 
 
 def run_stats(args: argparse.Namespace) -> int:
@@ -153,6 +173,15 @@ def _positive_int(flag: str):
         return value
 
     return parse
+
+
+def run_mooncake(args: argparse.Namespace) -> int:
+    result = convert_mooncake(args.input, args.output, block_size=args.block_size)
+    print(
+        f"converted {result.requests} trace requests to {args.output}: {result.blocks} blocks of"
+        f" {args.block_size} tokens, {result.distinct_blocks} distinct"
+    )
+    return 0
 
 
 def run_convert(args: argparse.Namespace) -> int:
