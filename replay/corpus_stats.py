@@ -119,6 +119,13 @@ def render_prefix_cache(pc: dict[str, Any]) -> list[str]:
             f"  hit rate, LRU cache        {pc['hit_rate_lru']:.1%} of prompt tokens"
             f" ({pc['kv_blocks']} blocks, {pc['kv_blocks_source']})"
         )
+        b = pc.get("concurrency_bound")
+        if b:
+            lines.append(
+                f"  KV concurrency bound       {b['no_prefix_cache']} without the cache"
+                f" ({b['mean_blocks_per_request']:.2f} blocks a request), {b['prefix_cache']} with it"
+                f" ({b['shared_prefix_blocks']} shared blocks once + {b['mean_own_blocks_per_request']:.2f} own a request)"
+            )
     else:
         lines.append("  (no KV pool size: pass --kv-blocks, or --url to read the server's, for an LRU hit rate)")
     return lines

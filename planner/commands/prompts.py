@@ -19,6 +19,7 @@ from pathlib import Path
 
 from planner.cliargs import env_default
 from replay.corpus import load_corpus, request_text
+from planner.sweep.bound import VLLM_DEFAULT_MAX_TOKENS, concurrency_upper_bound, prefix_aware_bound, request_blocks
 from planner.vllm_log import cache_config_labels
 from replay.corpus_stats import corpus_stats, render_stats, server_prompt_blocks
 from replay.lengths import ESTIMATE_RULE
@@ -141,9 +142,32 @@ def run_stats(args: argparse.Namespace) -> int:
         "block_size_source": size_source,
         "kv_blocks_source": kv_source if kv_blocks is not None else None,
     }
+    if kv_blocks is not None:
+        prefix["concurrency_bound"] = _bounds(corpus, prompts, size, kv_blocks)
     stats = corpus_stats(corpus, [n for n, _ in prompts], tokens, prefix)
     print(json.dumps(stats, indent=2) if args.json else render_stats(stats))
     return 0
+
+
+def _bounds(corpus, prompts: list[tuple[int, list[int]]], block_size: int, kv_blocks: int) -> dict:
+    """The sweep's two KV concurrency bounds (planner.sweep.bound) for a pool of kv_blocks, each
+    request's output its max_tokens, else vLLM's completions default."""
+    blocks = [
+        request_blocks(n, r.max_tokens or VLLM_DEFAULT_MAX_TOKENS, block_size=block_size, max_model_len=None)
+        for (n, _), r in zip(prompts, corpus.requests)
+    ]
+    mean = sum(blocks) / len(blocks)
+    old = concurrency_upper_bound(
+        kv_cache_tokens=kv_blocks * block_size, block_size=block_size, mean_blocks_per_request=mean, max_concurrency_reported=None
+    )
+    with_cache, own, shared = prefix_aware_bound(blocks, [h for _, h in prompts], pool_blocks=kv_blocks)
+    return {
+        "mean_blocks_per_request": round(mean, 3),
+        "no_prefix_cache": old,
+        "shared_prefix_blocks": shared,
+        "mean_own_blocks_per_request": round(own, 3),
+        "prefix_cache": max(old, with_cache),
+    }
 
 
 def _block_size(flag: int | None, labels: dict[str, str] | None) -> tuple[int, str]:

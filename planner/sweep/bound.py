@@ -15,6 +15,9 @@ from collections.abc import Sequence
 
 from replay.prefix_cache import expected_shared_blocks
 
+# vLLM completions' default max_tokens, used to size requests that ask for none.
+VLLM_DEFAULT_MAX_TOKENS = 16
+
 
 def request_blocks(prompt_tokens: int, output_tokens: int, *, block_size: int, max_model_len: int | None) -> int:
     total = prompt_tokens + output_tokens

@@ -30,7 +30,13 @@ from planner.capacity import Failure
 from planner.errors import ServerStartFailed
 from planner.estimate import kv_tokens_relative_error
 from planner.launcher import VllmServer
-from planner.sweep.bound import concurrency_upper_bound, mean_blocks, prefix_aware_bound, request_blocks
+from planner.sweep.bound import (
+    VLLM_DEFAULT_MAX_TOKENS,
+    concurrency_upper_bound,
+    mean_blocks,
+    prefix_aware_bound,
+    request_blocks,
+)
 from planner.sweep.config import SweepSettings
 from planner.sweep.grid import Point
 from planner.sweep.observer import SweepObserver, SweepObservers
@@ -47,8 +53,6 @@ from replay.search import bracket
 from replay.session import Replay, SearchOutcome, concurrency_history
 from replay.tokens import TOKENIZE_WORKERS, prompt_blocks, token_counts
 
-# vLLM completions' default max_tokens, used to size requests that ask for none.
-VLLM_DEFAULT_MAX_TOKENS = 16
 
 # Saves the point's result where its sweep keeps it (sweep.json, or the driver across Ray).
 Save = Callable[[], None]

@@ -57,7 +57,7 @@ def test_a_shared_system_prompt_is_counted_as_vllm_caches_it(tmp_path, capsys):
     path = tmp_path / "shared.jsonl"
     lines = [json.dumps({"prompt": "S" * 128 + f"question {i:02d}".ljust(64, ".")}) for i in range(4)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    rc, out, _ = run_cli(capsys, "prompts", "stats", str(path), "--json", "--kv-blocks", "3")
+    rc, out, _ = run_cli(capsys, "prompts", "stats", str(path), "--json", "--kv-blocks", "20")
     assert rc == 0
     assert json.loads(out)["prefix_cache"] == {
         "block_size": 16,
@@ -68,13 +68,26 @@ def test_a_shared_system_prompt_is_counted_as_vllm_caches_it(tmp_path, capsys):
         "unique_blocks": 6,
         "shared_blocks": 2,
         "hit_rate_unbounded": 0.5,
-        "kv_blocks": 3,
+        "kv_blocks": 20,
         "kv_blocks_source": "--kv-blocks",
         "hit_rate_lru": 0.5,
+        # 48 + 16 (vLLM's default max_tokens) = 4 blocks a request: 20 // 4 = 5 without the cache;
+        # with it the 2 system-prompt blocks are held once: 2 + 9 x 2 <= 20.
+        "concurrency_bound": {
+            "mean_blocks_per_request": 4.0,
+            "no_prefix_cache": 5,
+            "shared_prefix_blocks": 2,
+            "mean_own_blocks_per_request": 2.0,
+            "prefix_cache": 9,
+        },
     }
     # Two blocks of room: each request's own block evicts the system prompt's first block.
     rc, out, _ = run_cli(capsys, "prompts", "stats", str(path), "--kv-blocks", "2")
     assert "  hit rate, LRU cache        0.0% of prompt tokens (2 blocks, --kv-blocks)\n" in out
+    assert out.endswith(
+        "  KV concurrency bound       1 without the cache (4.00 blocks a request), 1 with it"
+        " (2 shared blocks once + 2.00 own a request)\n"
+    )
     # Blocks of 32: the system prompt is one block, and 47 // 32 = 1 block may hit.
     rc, out, _ = run_cli(capsys, "prompts", "stats", str(path), "--json", "--block-size", "32")
     assert json.loads(out)["prefix_cache"]["hit_rate_unbounded"] == round(3 * 32 / 192, 4)
