@@ -46,7 +46,7 @@ from planner.vllm_args import has_flag
 from planner.vllm_log import log_tail
 from replay.client import METRICS_CONNECTIONS, StreamingClient
 from replay.corpus import Corpus
-from replay.errors import ReplayError, StepAborted
+from replay.errors import ReplayError, ServerError, StepAborted
 from replay.observer import Observers
 from replay.results import StepResult
 from replay.search import bracket
@@ -251,10 +251,15 @@ class PointRunner:
             await client.check()
             if r.prefix_caching and cap.block_size:
                 if cap.block_size not in ctx.prompt_blocks:
-                    counted = await prompt_blocks(client, ctx.corpus.requests, cap.block_size)
-                    ctx.prompt_blocks[cap.block_size] = [h for _, h in counted]
-                    ctx.prompt_tokens = ctx.prompt_tokens or [n for n, _ in counted]
-                hashes = ctx.prompt_blocks[cap.block_size]
+                    try:
+                        counted = await prompt_blocks(client, ctx.corpus.requests, cap.block_size)
+                    except ServerError:
+                        # A /tokenize without token ids (not vLLM's): counts only, no prefix bound.
+                        counted = None
+                    if counted is not None:
+                        ctx.prompt_blocks[cap.block_size] = [h for _, h in counted]
+                        ctx.prompt_tokens = ctx.prompt_tokens or [n for n, _ in counted]
+                hashes = ctx.prompt_blocks.get(cap.block_size)
             if ctx.prompt_tokens is None:
                 ctx.prompt_tokens = await token_counts(client, ctx.corpus.requests)
         upper, with_cache, limit = None, None, None
