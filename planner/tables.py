@@ -118,7 +118,7 @@ def replay_summary(results: ReplayResults) -> list[str]:
 
 def sweep_table(results) -> Table:
     table = Table(title="sweep", title_justify="left")
-    for name in ["point", "status", "KV tokens", "reported conc.", "bound", "max passing", "safe", "safe/GPU",
+    for name in ["point", "status", "KV tokens", "reported conc.", "bound", "bound (cache)", "max passing", "safe", "safe/GPU",
                  "out tok/s/GPU", "binding constraint"]:
         table.add_column(name, justify="left" if name in ("point", "status", "binding constraint") else "right")
     for p in results.points:
@@ -129,6 +129,7 @@ def sweep_table(results) -> Table:
             fmt(p.capacity.kv_cache_tokens),
             fmt(p.capacity.max_concurrency_reported, 2),
             fmt(p.concurrency_upper_bound),
+            fmt(p.concurrency_upper_bound_prefix_cache),
             fmt(p.max_passing_concurrency),
             fmt(p.safe_concurrency),
             fmt(p.safe_concurrency_per_gpu, 2),

@@ -347,6 +347,21 @@ class StreamingClient:
 
     async def tokenize(self, request: CorpusRequestLike) -> int:
         """The prompt's token count by the server's own tokenizer (vLLM's POST /tokenize)."""
+        result = await self._tokenize(request)
+        count = result.get("count") if isinstance(result, dict) else None
+        if not isinstance(count, int):
+            raise ServerError(f"{self.base_url}/tokenize answered no integer 'count': {_short(str(result))}")
+        return count
+
+    async def token_ids(self, request: CorpusRequestLike) -> list[int]:
+        """The prompt's token ids by the server's own tokenizer (chat template included)."""
+        result = await self._tokenize(request)
+        tokens = result.get("tokens") if isinstance(result, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ServerError(f"{self.base_url}/tokenize answered no list of integer 'tokens': {_short(str(result))}")
+        return tokens
+
+    async def _tokenize(self, request: CorpusRequestLike) -> Any:
         body: dict[str, Any] = {"model": self.model} if self.model else {}
         if request.messages is not None:
             body["messages"] = request.messages
@@ -357,11 +372,7 @@ class StreamingClient:
         resp = await self._call("POST", "/tokenize", body)
         if resp.status_code == 404:
             raise ServerError(f"{self.base_url} has no /tokenize endpoint (it is not vLLM?); cannot count tokens")
-        result = self._json(resp, f"tokenizing request {request.id!r}")
-        count = result.get("count") if isinstance(result, dict) else None
-        if not isinstance(count, int):
-            raise ServerError(f"{self.base_url}/tokenize answered no integer 'count': {_short(str(result))}")
-        return count
+        return self._json(resp, f"tokenizing request {request.id!r}")
 
     async def metrics_text(self) -> str | None:
         """GET /metrics as Prometheus text; None when the server has none (any answer but 200).

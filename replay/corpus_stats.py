@@ -1,11 +1,15 @@
 """What a corpus holds before it is replayed: request forms, categories, and token-length
 percentiles of inputs, outputs (max_tokens) and both. Input lengths come from the server's own
 /tokenize (chat template included) or, without a server, from an estimate
-(replay.lengths.ESTIMATE_RULE) that every output names."""
+(replay.lengths.ESTIMATE_RULE) that every output names.
+
+The prefix-cache figures (replay.prefix_cache) hash the same tokens: the server's token ids with
+a server, else the estimate's 4-byte pieces of the text."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -13,7 +17,7 @@ import numpy as np
 
 from replay.client import StreamingClient
 from replay.corpus import Corpus
-from replay.tokens import token_counts
+from replay.tokens import prompt_blocks
 
 TOKENIZE_CONCURRENCY = 16
 NO_CATEGORY = "(none)"
@@ -38,8 +42,11 @@ class TokenSummary:
         return cls(*(round(float(v), 2) for v in (p50, p90, p99, arr.max(), arr.mean())))
 
 
-def corpus_stats(corpus: Corpus, input_tokens: list[int], tokens: dict[str, Any]) -> dict[str, Any]:
-    """The figures `prompts stats` shows, as JSON-ready data; input_tokens[i] belongs to request i."""
+def corpus_stats(
+    corpus: Corpus, input_tokens: list[int], tokens: dict[str, Any], prefix_cache: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The figures `prompts stats` shows, as JSON-ready data; input_tokens[i] belongs to request i.
+    `prefix_cache` is replay.prefix_cache.Sharing's dict plus where its block and pool sizes came from."""
     reqs = corpus.requests
     forms = {"prompt": sum(r.prompt is not None for r in reqs), "messages": sum(r.messages is not None for r in reqs)}
     categories: dict[str, int] = {}
@@ -67,6 +74,7 @@ def corpus_stats(corpus: Corpus, input_tokens: list[int], tokens: dict[str, Any]
         "output_tokens": summary(outputs),
         "total_tokens": summary(totals),
         "without_max_tokens": len(reqs) - len(outputs),
+        "prefix_cache": prefix_cache,
     }
 
 
@@ -93,7 +101,34 @@ def render_stats(stats: dict[str, Any]) -> str:
     if missing:
         which = "1 request has" if missing == 1 else f"{missing} requests have"
         lines.append(f"{which} no max_tokens: left out of output and total")
+    if stats.get("prefix_cache"):
+        lines += ["", *render_prefix_cache(stats["prefix_cache"])]
     return "\n".join(lines)
+
+
+def render_prefix_cache(pc: dict[str, Any]) -> list[str]:
+    share = pc["unique_blocks"] / pc["total_blocks"] if pc["total_blocks"] else 1.0
+    lines = [
+        f"prefix cache (block size {pc['block_size']}, {pc['block_size_source']}; requests in corpus order)",
+        f"  full prompt blocks    {pc['total_blocks']}, unique {pc['unique_blocks']} ({share:.1%}),"
+        f" held by 2+ requests {pc['shared_blocks']}",
+        f"  hit rate, unbounded cache  {pc['hit_rate_unbounded']:.1%} of prompt tokens",
+    ]
+    if pc["kv_blocks"] is not None:
+        lines.append(
+            f"  hit rate, LRU cache        {pc['hit_rate_lru']:.1%} of prompt tokens"
+            f" ({pc['kv_blocks']} blocks, {pc['kv_blocks_source']})"
+        )
+        b = pc.get("concurrency_bound")
+        if b:
+            lines.append(
+                f"  KV concurrency bound       {b['no_prefix_cache']} without the cache"
+                f" ({b['mean_blocks_per_request']:.2f} blocks a request), {b['prefix_cache']} with it"
+                f" ({b['shared_prefix_blocks']} shared blocks once + {b['mean_own_blocks_per_request']:.2f} own a request)"
+            )
+    else:
+        lines.append("  (no KV pool size: pass --kv-blocks, or --url to read the server's, for an LRU hit rate)")
+    return lines
 
 
 def token_label(tokens: dict[str, Any]) -> str:
@@ -102,13 +137,22 @@ def token_label(tokens: dict[str, Any]) -> str:
     return f"tokens (counted by {tokens['url']}/tokenize, model {tokens['model']}, api {tokens['api']})"
 
 
-async def server_token_counts(
-    corpus: Corpus, url: str, *, model: str | None, api: str, api_key: str | None
-) -> tuple[list[int], str]:
-    """Every request's input tokens by the server's /tokenize, and the model that counted them."""
+async def server_prompt_blocks(
+    corpus: Corpus,
+    url: str,
+    *,
+    model: str | None,
+    api: str,
+    api_key: str | None,
+    block_size: Callable[[str | None], int],
+) -> tuple[list[tuple[int, list[int]]], str, str | None]:
+    """Every request's (input tokens, block hashes) by the server's /tokenize, the model that
+    counted them, and the server's /metrics text (None without one). `block_size(metrics_text)`
+    picks the block size to hash with."""
     async with StreamingClient(
         url, model=model, api=api, api_key=api_key, max_connections=TOKENIZE_CONCURRENCY
     ) as client:
         served = await client.check()
-        counts = await token_counts(client, corpus.requests, workers=TOKENIZE_CONCURRENCY)
-    return counts, served
+        metrics = await client.metrics_text()
+        prompts = await prompt_blocks(client, corpus.requests, block_size(metrics), workers=TOKENIZE_CONCURRENCY)
+    return prompts, served, metrics

@@ -88,6 +88,14 @@ class ServerSummary(_Model):
     requests_finished: float | None = None
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
+    # vLLM's prefix cache over the window: prompt tokens looked up and found (vllm:prefix_cache_*),
+    # and hits / queries; external_: a KV connector's cross-instance cache, when it has one.
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    external_prefix_cache_queries: float | None = None
+    external_prefix_cache_hits: float | None = None
+    external_prefix_cache_hit_rate: float | None = None
     # A counter went back between the window's snapshots (a restarted server).
     counter_reset: bool = False
     # Why some or all histogram figures are missing.

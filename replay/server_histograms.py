@@ -37,6 +37,12 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "prompt_tokens": ("vllm:prompt_tokens",),
     "generation_tokens": ("vllm:generation_tokens",),
     "requests_finished": ("vllm:request_success",),
+    # Prompt tokens looked up in the prefix cache and found there (external_: a KV connector's
+    # cache shared across instances; absent without one).
+    "prefix_cache_queries": ("vllm:prefix_cache_queries",),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits",),
+    "external_prefix_cache_queries": ("vllm:external_prefix_cache_queries",),
+    "external_prefix_cache_hits": ("vllm:external_prefix_cache_hits",),
 }
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 

@@ -94,6 +94,13 @@ def summarize(samples: list[Sample], window_start_s: float, window_end_s: float,
     )
 
 
+def hit_rate(hits: float | None, queries: float | None) -> float | None:
+    """Hit tokens over queried tokens in a window; None when not exported or nothing was queried."""
+    if hits is None or not queries:
+        return None
+    return round(hits / queries, 4)
+
+
 @dataclass
 class MetricsScraper:
     """Polls `fetch()` about every `interval_s` until stopped; keeps every sample."""
@@ -149,6 +156,10 @@ class MetricsScraper:
         return {
             **{f"{key}_ms": value for key, value in figures.latencies.items()},
             **figures.counters,
+            "prefix_cache_hit_rate": hit_rate(figures.counters.get("prefix_cache_hits"), figures.counters.get("prefix_cache_queries")),
+            "external_prefix_cache_hit_rate": hit_rate(
+                figures.counters.get("external_prefix_cache_hits"), figures.counters.get("external_prefix_cache_queries")
+            ),
             "counter_reset": figures.counter_reset,
             "histograms_note": note,
         }

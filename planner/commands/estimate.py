@@ -9,7 +9,7 @@ from pathlib import Path
 from planner.cliargs import comma_list, env_default
 from planner.commands import estimate_train
 from planner.estimate.architecture import CACHE_DTYPE_HELP
-from planner.estimate.demand import corpus_request_tokens
+from planner.estimate.demand import corpus_prompt_hashes, corpus_request_tokens
 from planner.estimate.fit import Verdict
 from planner.estimate.gpu_catalog import CATALOG
 from planner.estimate.memory import WorkingMemoryModel
@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         if args.prompts is not None:
             first = estimate(settings)
             tokens, info = corpus_request_tokens(args.prompts, max_model_len=first.settings.max_model_len, default_max_tokens=args.max_tokens)
-        results.append(estimate(settings, request_tokens=tokens, corpus_info=info))
+        hashes = (lambda size: corpus_prompt_hashes(args.prompts, size)) if args.prompts is not None else None
+        results.append(estimate(settings, request_tokens=tokens, corpus_info=info, prompt_hashes=hashes))
     if args.json:
         print(json.dumps({"points": [r.model_dump(mode="json") for r in results]}, indent=2))
     else:
@@ -156,6 +157,11 @@ def render(r: Estimate) -> list[str]:
             f"corpus-aware concurrency (estimate; {c['token_counts']}): {c['concurrency']:.2f} "
             f"({c['requests']} requests, {c['mean_blocks_per_request']:.1f} blocks each on average)"
         )
+        if c.get("concurrency_prefix_cache") is not None:
+            lines.append(
+                f"  with vLLM's prefix cache: {c['concurrency_prefix_cache']} ({c['shared_prefix_blocks']} shared"
+                f" prompt blocks held once, {c['mean_own_blocks_per_request']:.1f} blocks of its own a request)"
+            )
     lines.append("verdict: " + _verdict(v))
     lines += [f"note: {note}" for note in r.estimates]
     return lines

@@ -1,7 +1,9 @@
 """`planner prompts`: look at a corpus before replaying it, and convert ShareGPT dumps into one.
 
-    planner prompts stats FILE [--url URL]     counts and token-length percentiles
+    planner prompts stats FILE [--url URL] [--block-size N] [--kv-blocks N]
+                                               counts, token-length percentiles, prefix sharing
     planner prompts convert --from sharegpt IN OUT [--max-tokens-from-reply]
+    planner prompts mooncake IN OUT [--block-size 512]   a Mooncake trace, its traced blocks shared
 
 Without --url, input lengths are an estimate (replay.lengths.ESTIMATE_RULE) and every output
 says so; with --url they are the server's own /tokenize counts, chat template included. The work
@@ -17,8 +19,16 @@ from pathlib import Path
 
 from planner.cliargs import env_default
 from replay.corpus import load_corpus, request_text
-from replay.corpus_stats import corpus_stats, render_stats, server_token_counts
-from replay.lengths import ESTIMATE_RULE, estimate_tokens
+from planner.sweep.bound import VLLM_DEFAULT_MAX_TOKENS, concurrency_upper_bound, prefix_aware_bound, request_blocks
+from planner.vllm_log import cache_config_labels
+from replay.corpus_stats import corpus_stats, render_stats, server_prompt_blocks
+from replay.lengths import ESTIMATE_RULE
+from replay.mooncake import MOONCAKE_BLOCK_SIZE, convert_mooncake
+from replay.prefix_cache import block_hashes, estimate_token_ids, sharing
+
+# vLLM's default block size on GPUs (the CPU build uses 128); used when neither the flag nor a
+# server says.
+DEFAULT_BLOCK_SIZE = 16
 from replay.sharegpt import convert_sharegpt
 
 
@@ -47,6 +57,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="completions",
         help="how prompt-form requests are tokenized: as a raw prompt or as one user message (default completions)",
     )
+    st.add_argument(
+        "--block-size",
+        type=_positive_int("--block-size"),
+        default=None,
+        help=f"KV block size of the prefix-cache figures (default: the server's with --url, else {DEFAULT_BLOCK_SIZE})",
+    )
+    st.add_argument(
+        "--kv-blocks",
+        type=_positive_int("--kv-blocks"),
+        default=None,
+        help="KV pool size in blocks for the LRU hit rate (default: the server's num_gpu_blocks with --url)",
+    )
     st.add_argument("--skip-invalid", action="store_true", help="skip invalid lines (and report how many)")
     st.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
     st.set_defaults(run=run_stats)
@@ -67,21 +89,122 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     cv.set_defaults(run=run_convert)
 
+    mc = psub.add_parser(
+        "mooncake",
+        help="synthesise a corpus from a Mooncake-style trace, sharing exactly its traced blocks",
+        description="Convert a Mooncake-style trace (JSONL of timestamp in ms, input_length, output_length, hash_ids)"
+        " to the planner's JSONL: each line a prompt made of one text per hash id (equal ids, equal text), with"
+        f" max_tokens the output length and timestamp_s the arrival. Block lengths are in estimated tokens"
+        f" ({ESTIMATE_RULE}), so `prompts stats --block-size N` sees exactly the traced sharing.",
+    )
+    mc.add_argument("input", type=Path, metavar="IN", help="Mooncake trace JSONL")
+    mc.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
+    mc.add_argument(
+        "--block-size",
+        type=_positive_int("--block-size"),
+        default=MOONCAKE_BLOCK_SIZE,
+        help=f"tokens per hash id in the trace (default {MOONCAKE_BLOCK_SIZE}, as in Mooncake's traces)",
+    )
+    mc.set_defaults(run=run_mooncake)
+
 
 def run_stats(args: argparse.Namespace) -> int:
     corpus = load_corpus(args.file, skip_invalid=args.skip_invalid)
+    labels: dict[str, str] | None = None
     if args.url:
         api_key = args.api_key or env_default("PLANNER_API_KEY")
         url = args.url.rstrip("/")
-        input_tokens, model = asyncio.run(
-            server_token_counts(corpus, url, model=args.model, api=args.api, api_key=api_key)
+
+        def block_size(metrics: str | None) -> int:
+            nonlocal labels
+            labels = cache_config_labels(metrics) if metrics else None
+            return _block_size(args.block_size, labels)[0]
+
+        prompts, model, _ = asyncio.run(
+            server_prompt_blocks(
+                corpus, url, model=args.model, api=args.api, api_key=api_key, block_size=block_size
+            )
         )
         tokens = {"source": "server", "url": url, "model": model, "api": args.api}
     else:
-        input_tokens = [estimate_tokens(request_text(r)) for r in corpus.requests]
+        size = args.block_size or DEFAULT_BLOCK_SIZE
+        prompts = []
+        for r in corpus.requests:
+            ids = estimate_token_ids(request_text(r))
+            prompts.append((len(ids), block_hashes(ids, size)))
         tokens = {"source": "estimate", "rule": ESTIMATE_RULE}
-    stats = corpus_stats(corpus, input_tokens, tokens)
+    size, size_source = _block_size(args.block_size, labels)
+    kv_blocks, kv_source = args.kv_blocks, "--kv-blocks"
+    if kv_blocks is None and _label_int(labels, "num_gpu_blocks"):
+        kv_blocks, kv_source = _label_int(labels, "num_gpu_blocks"), "the server's num_gpu_blocks"
+    prefix = {
+        **sharing(prompts, size, kv_blocks).to_dict(),
+        "block_size_source": size_source,
+        "kv_blocks_source": kv_source if kv_blocks is not None else None,
+    }
+    if kv_blocks is not None:
+        prefix["concurrency_bound"] = _bounds(corpus, prompts, size, kv_blocks)
+    stats = corpus_stats(corpus, [n for n, _ in prompts], tokens, prefix)
     print(json.dumps(stats, indent=2) if args.json else render_stats(stats))
+    return 0
+
+
+def _bounds(corpus, prompts: list[tuple[int, list[int]]], block_size: int, kv_blocks: int) -> dict:
+    """The sweep's two KV concurrency bounds (planner.sweep.bound) for a pool of kv_blocks, each
+    request's output its max_tokens, else vLLM's completions default."""
+    blocks = [
+        request_blocks(n, r.max_tokens or VLLM_DEFAULT_MAX_TOKENS, block_size=block_size, max_model_len=None)
+        for (n, _), r in zip(prompts, corpus.requests)
+    ]
+    mean = sum(blocks) / len(blocks)
+    old = concurrency_upper_bound(
+        kv_cache_tokens=kv_blocks * block_size, block_size=block_size, mean_blocks_per_request=mean, max_concurrency_reported=None
+    )
+    with_cache, own, shared = prefix_aware_bound(blocks, [h for _, h in prompts], pool_blocks=kv_blocks)
+    return {
+        "mean_blocks_per_request": round(mean, 3),
+        "no_prefix_cache": old,
+        "shared_prefix_blocks": shared,
+        "mean_own_blocks_per_request": round(own, 3),
+        "prefix_cache": max(old, with_cache),
+    }
+
+
+def _block_size(flag: int | None, labels: dict[str, str] | None) -> tuple[int, str]:
+    if flag:
+        return flag, "--block-size"
+    served = _label_int(labels, "block_size")
+    if served:
+        return served, "the server's"
+    return DEFAULT_BLOCK_SIZE, "vLLM's GPU default; pass --block-size or --url"
+
+
+def _label_int(labels: dict[str, str] | None, key: str) -> int | None:
+    try:
+        return int((labels or {})[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def _positive_int(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: must be a positive integer")
+        return value
+
+    return parse
+
+
+def run_mooncake(args: argparse.Namespace) -> int:
+    result = convert_mooncake(args.input, args.output, block_size=args.block_size)
+    print(
+        f"converted {result.requests} trace requests to {args.output}: {result.blocks} blocks of"
+        f" {args.block_size} tokens, {result.distinct_blocks} distinct"
+    )
     return 0
 
 

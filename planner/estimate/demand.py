@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from replay.corpus import load_corpus, request_text
+from replay.prefix_cache import block_hashes, estimate_token_ids
 
 BYTES_PER_TOKEN = 4
 
@@ -44,3 +45,9 @@ def corpus_request_tokens(path: str | Path, *, max_model_len: int, default_max_t
         "mean_tokens_per_request": round(sum(tokens) / len(tokens), 1) if tokens else None,
     }
     return tokens, info
+
+
+def corpus_prompt_hashes(path: str | Path, block_size: int) -> list[list[int]]:
+    """Every request's full prompt blocks as vLLM's prefix cache names them (chained hashes,
+    replay.prefix_cache), over the estimate's tokens: every 4 bytes of text one token."""
+    return [block_hashes(estimate_token_ids(request_text(req)), block_size) for req in load_corpus(path).requests]

@@ -21,6 +21,8 @@ Mirrors vllm/v1/core/kv_cache_utils.py (0.32):
 from __future__ import annotations
 
 import math
+
+from planner.sweep.bound import prefix_aware_bound
 from dataclasses import dataclass
 
 from planner.estimate.architecture import Architecture, AttentionKind
@@ -140,15 +142,28 @@ def largest_fitting_len(layout: PoolLayout, available_bytes: int, upper: int) ->
     return best
 
 
-def corpus_concurrency(layout: PoolLayout, pool: Pool, request_tokens: list[int]) -> dict:
-    """Concurrency the pool carries for this corpus: each request's tokens rounded up to blocks."""
+def corpus_concurrency(
+    layout: PoolLayout, pool: Pool, request_tokens: list[int], prompt_hashes: list[list[int]] | None = None
+) -> dict:
+    """Concurrency the pool carries for this corpus: each request's tokens rounded up to blocks.
+
+    With the prompts' block hashes, also the concurrency with vLLM's prefix cache, where requests
+    in flight hold the blocks they share once (planner.sweep.bound.prefix_aware_bound)."""
     blocks = [layout.blocks_for_tokens(n) for n in request_tokens]
     mean_blocks = sum(blocks) / len(blocks)
     carried = pool.usable_blocks / mean_blocks if mean_blocks else 0.0
-    return {
+    out = {
         "requests": len(blocks),
         "mean_blocks_per_request": round(mean_blocks, 3),
         "max_blocks_per_request": max(blocks),
         "concurrency": round(carried, 3),
         "concurrency_floor": math.floor(carried),
     }
+    if prompt_hashes is not None:
+        with_cache, own, shared = prefix_aware_bound(blocks, prompt_hashes, pool_blocks=pool.usable_blocks)
+        out.update(
+            concurrency_prefix_cache=max(with_cache, math.floor(carried)),
+            shared_prefix_blocks=shared,
+            mean_own_blocks_per_request=round(own, 3),
+        )
+    return out

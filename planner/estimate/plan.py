@@ -8,6 +8,7 @@ blocks and tokens, the concurrency it carries, and a verdict with its margin.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -238,8 +239,15 @@ def _layout_facts(layout: PoolLayout) -> LayoutFacts:
     )
 
 
-def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = None, corpus_info: dict | None = None) -> Estimate:
-    """The whole prediction for one configuration."""
+def estimate(
+    settings: EstimateSettings,
+    *,
+    request_tokens: list[int] | None = None,
+    corpus_info: dict | None = None,
+    prompt_hashes: Callable[[int], list[list[int]]] | None = None,
+) -> Estimate:
+    """The whole prediction for one configuration. `prompt_hashes(block_size)` gives the corpus's
+    prompt blocks for the figure with vLLM's prefix cache."""
     source = resolve_model(settings.model)
     arch = source.architecture()
     tp = settings.tensor_parallel_size
@@ -319,7 +327,8 @@ def estimate(settings: EstimateSettings, *, request_tokens: list[int] | None = N
 
     corpus = None
     if request_tokens:
-        corpus = {**(corpus_info or {}), **corpus_concurrency(layout, pool, request_tokens)}
+        hashes = prompt_hashes(layout.block_size) if prompt_hashes is not None else None
+        corpus = {**(corpus_info or {}), **corpus_concurrency(layout, pool, request_tokens, hashes)}
         estimates.append("corpus: prompt tokens estimated as UTF-8 bytes / 4")
 
     return Estimate(

@@ -338,6 +338,7 @@ def step_rows(steps: Sequence[StepResult], slo: dict[str, float] | None = None) 
             num(s.itl_ms.p99),
             num(s.e2e_ms.p99),
             pct(s.server.kv_cache_usage_peak),
+            pct(s.server.prefix_cache_hit_rate),
             num(s.server.preemptions),
             _bounded_figures(s, slo or {}),
             num(s.goodput_requests_per_s, 2),
@@ -348,7 +349,7 @@ def step_rows(steps: Sequence[StepResult], slo: dict[str, float] | None = None) 
 
 
 STEP_HEADER = ["load", "ok", "failed", "requests/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
-               "ITL p50 ms", "ITL p99 ms", "E2E p99 ms", "KV peak", "preemptions",
+               "ITL p50 ms", "ITL p99 ms", "E2E p99 ms", "KV peak", "prefix hits", "preemptions",
                "SLO-bound figures [95% CI]", "goodput req/s", "dropped (steady state)", "SLOs"]
 
 

@@ -226,11 +226,17 @@ def kv_plot(points: Sequence[PointView], slo: dict[str, float], path: Path, colo
     fig = _new_figure(12, 4.8)
     usage_ax, preempt_ax = fig.subplots(1, 2)
     loads: list[float] = []
+    hit_rates = False
     for p in points:
         xs, ys = _values(p.steps, lambda s: None if s.server.kv_cache_usage_peak is None else s.server.kv_cache_usage_peak * 100)
         loads += list(xs)
         if len(xs):
             usage_ax.plot(xs, ys, marker="o", markersize=4, color=colors[p.id], label=p.id)
+        # vLLM's prefix-cache hit rate over the same window: what the usage peak saved.
+        xs, ys = _values(p.steps, lambda s: None if s.server.prefix_cache_hit_rate is None else s.server.prefix_cache_hit_rate * 100)
+        if len(xs):
+            usage_ax.plot(xs, ys, marker="x", markersize=5, linestyle="--", color=colors[p.id])
+            hit_rates = True
         xs, ys = _values(p.steps, lambda s: s.server.preemptions)
         if len(xs):
             preempt_ax.plot(xs, ys, marker="o", markersize=4, color=colors[p.id], label=p.id)
@@ -240,7 +246,11 @@ def kv_plot(points: Sequence[PointView], slo: dict[str, float], path: Path, colo
     mode = points[0].load_mode if points else "concurrency"
     for ax in (usage_ax, preempt_ax):
         _load_axis(ax, loads, mode)
-    _style(usage_ax, "KV-cache usage peak", LOAD_AXIS_LABELS[mode], "KV-cache usage peak (%)")
+    if hit_rates:
+        usage_ax.plot([], [], marker="x", linestyle="--", color="grey", label="prefix-cache hit rate")
+        _style(usage_ax, "KV-cache usage peak, prefix-cache hit rate (dashed)", LOAD_AXIS_LABELS[mode], "Percent")
+    else:
+        _style(usage_ax, "KV-cache usage peak", LOAD_AXIS_LABELS[mode], "KV-cache usage peak (%)")
     usage_ax.set_ylim(0, 105)
     _style(preempt_ax, "Preemptions during the step", LOAD_AXIS_LABELS[mode], "Preemptions (count)")
     _, all_preemptions = zip(*[_values(p.steps, lambda s: s.server.preemptions) for p in points]) if points else ((), ())

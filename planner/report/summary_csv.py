@@ -22,6 +22,7 @@ SERVER_COLUMNS = (
     "server_e2e_mean_ms", "server_queue_mean_ms", "server_queue_p99_ms", "server_prefill_mean_ms",
     "server_decode_mean_ms", "server_requests_finished", "client_requests_finished",
     "client_minus_server_ttft_mean_ms", "client_or_network_latency", "itl_bursts",
+    "server_prefix_cache_hit_rate",
 )
 POINT_COLUMNS = (
     "point_id", "status", "failure_kind", "gpus", "kv_cache_tokens", "max_passing_concurrency",
@@ -84,6 +85,7 @@ def _server_fields(s: StepResult) -> dict[str, Any]:
         "client_minus_server_ttft_mean_ms": s.client.ttft_mean_minus_server_ms,
         "client_or_network_latency": s.client.client_or_network_latency,
         "itl_bursts": s.client.itl_bursts,
+        "server_prefix_cache_hit_rate": v.prefix_cache_hit_rate,
     }
 
 

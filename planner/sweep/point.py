@@ -30,24 +30,29 @@ from planner.capacity import Failure
 from planner.errors import ServerStartFailed
 from planner.estimate import kv_tokens_relative_error
 from planner.launcher import VllmServer
-from planner.sweep.bound import concurrency_upper_bound, mean_blocks
+from planner.sweep.bound import (
+    VLLM_DEFAULT_MAX_TOKENS,
+    concurrency_upper_bound,
+    mean_blocks,
+    prefix_aware_bound,
+    request_blocks,
+)
 from planner.sweep.config import SweepSettings
 from planner.sweep.grid import Point
 from planner.sweep.observer import SweepObserver, SweepObservers
 from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, conclude, ended_status, interrupted
 from planner.sweep.results import PointResult
+from planner.vllm_args import has_flag
 from planner.vllm_log import log_tail
 from replay.client import METRICS_CONNECTIONS, StreamingClient
 from replay.corpus import Corpus
-from replay.errors import ReplayError, StepAborted
+from replay.errors import ReplayError, ServerError, StepAborted
 from replay.observer import Observers
 from replay.results import StepResult
 from replay.search import bracket
 from replay.session import Replay, SearchOutcome, concurrency_history
-from replay.tokens import TOKENIZE_WORKERS, token_counts
+from replay.tokens import TOKENIZE_WORKERS, prompt_blocks, token_counts
 
-# vLLM completions' default max_tokens, used to size requests that ask for none.
-VLLM_DEFAULT_MAX_TOKENS = 16
 
 # Saves the point's result where its sweep keeps it (sweep.json, or the driver across Ray).
 Save = Callable[[], None]
@@ -65,6 +70,8 @@ class PointContext:
     gpu_inventory: list[gpu_mod.Gpu] = field(default_factory=list)
     # Token counts depend only on the model's tokenizer: measured once, shared by every point.
     prompt_tokens: list[int] | None = None
+    # Each request's full prompt blocks (chained hashes, replay.prefix_cache), by block size.
+    prompt_blocks: dict[int, list[list[int]]] = field(default_factory=dict)
     # The server's and the planner's CPUs when [cpus] client pins them apart.
     cpus: cpus_mod.CpuSplit | None = None
 
@@ -230,14 +237,32 @@ class PointRunner:
 
     async def _search_bound(self, server: VllmServer) -> tuple[int | None, str | None]:
         """The search's ceiling and what set it (None when the server reported no capacity and no
-        [replay] max_concurrency caps it)."""
+        [replay] max_concurrency caps it).
+
+        Two KV bounds are recorded: concurrency_upper_bound counts every request's blocks
+        (planner.sweep.bound.concurrency_upper_bound), concurrency_upper_bound_prefix_cache holds
+        blocks that requests share once (prefix_aware_bound). The search starts from the second
+        unless the point's args turn vLLM's prefix cache off (--no-enable-prefix-caching)."""
         ctx, r, settings = self.ctx, self.result, self.ctx.settings
         cap = r.capacity
+        r.prefix_caching = not has_flag(r.command, "--no-enable-prefix-caching")
+        hashes = None
         async with self._client(server, TOKENIZE_WORKERS + 1) as client:
             await client.check()
+            if r.prefix_caching and cap.block_size:
+                if cap.block_size not in ctx.prompt_blocks:
+                    try:
+                        counted = await prompt_blocks(client, ctx.corpus.requests, cap.block_size)
+                    except ServerError:
+                        # A /tokenize without token ids (not vLLM's): counts only, no prefix bound.
+                        counted = None
+                    if counted is not None:
+                        ctx.prompt_blocks[cap.block_size] = [h for _, h in counted]
+                        ctx.prompt_tokens = ctx.prompt_tokens or [n for n, _ in counted]
+                hashes = ctx.prompt_blocks.get(cap.block_size)
             if ctx.prompt_tokens is None:
                 ctx.prompt_tokens = await token_counts(client, ctx.corpus.requests)
-        upper, limit = None, None
+        upper, with_cache, limit = None, None, None
         if cap.kv_cache_tokens and cap.block_size:
             max_model_len = cap.max_model_len or self.point.config.get("max_model_len")
             lengths = [
@@ -253,11 +278,24 @@ class PointRunner:
                 mean_blocks_per_request=r.mean_blocks_per_request,
                 max_concurrency_reported=cap.max_concurrency_reported,
             )
+            if hashes is not None:
+                blocks = [request_blocks(p, o, block_size=cap.block_size, max_model_len=max_model_len) for p, o in lengths]
+                shared_n, own, shared = prefix_aware_bound(blocks, hashes, pool_blocks=cap.kv_cache_tokens / cap.block_size)
+                r.mean_own_blocks_per_request = round(own, 3)
+                r.shared_prefix_blocks = shared
+                with_cache = max(upper, shared_n)
             limit = UPPER_BOUND_CONSTRAINT
         cap_n = settings.replay.max_concurrency
-        if cap_n is not None and (upper is None or cap_n < upper):
-            upper, limit = cap_n, "max_concurrency"
-        return upper, limit
+
+        def capped(bound: int | None) -> int | None:
+            return cap_n if cap_n is not None and (bound is None or cap_n < bound) else bound
+
+        r.concurrency_upper_bound = capped(upper)
+        r.concurrency_upper_bound_prefix_cache = capped(with_cache) if with_cache is not None else None
+        ceiling = with_cache if with_cache is not None else upper
+        if capped(ceiling) != ceiling:
+            limit = "max_concurrency"
+        return capped(ceiling), limit
 
     def _search(self, replay: Replay, upper: int) -> Coroutine[Any, Any, SearchOutcome]:
         """The point's search, capped by the ceiling `upper`. Its first probe is the ceiling itself
@@ -269,7 +307,7 @@ class PointRunner:
     async def _measure(self, server: VllmServer) -> None:
         ctx, r, settings = self.ctx, self.result, self.ctx.settings
         upper, limit = await self._search_bound(server)
-        r.concurrency_upper_bound = upper
+        r.search_upper_bound = upper
         self.save()
         if upper is None:
             r.status = "failed"

@@ -77,9 +77,20 @@ class PointResult(_Model):
     vllm_version: str | None = None
     capacity: Capacity = Field(default_factory=Capacity)
     failure: Failure | None = None
-    # The search's ceiling: corpus-aware KV bound, never below vLLM's reported max concurrency.
+    # The corpus-aware KV bound, never below vLLM's reported max concurrency (and never above
+    # [replay] max_concurrency): every request's blocks counted, as if nothing were cached.
     concurrency_upper_bound: int | None = None
     mean_blocks_per_request: float | None = None
+    # vLLM's prefix cache: on unless the point's args say --no-enable-prefix-caching. With it, the
+    # bound that holds a block shared by requests in flight once (planner.sweep.bound.
+    # prefix_aware_bound), from the distinct shared prompt blocks and each request's own blocks.
+    prefix_caching: bool | None = None
+    concurrency_upper_bound_prefix_cache: int | None = None
+    shared_prefix_blocks: int | None = None
+    mean_own_blocks_per_request: float | None = None
+    # The ceiling the search started from: the prefix-cache bound when there is one, else the
+    # other, capped by [replay] max_concurrency.
+    search_upper_bound: int | None = None
     steps: list[StepResult] = Field(default_factory=list)
     max_passing_concurrency: int | None = None
     min_failing_concurrency: int | None = None

@@ -473,11 +473,13 @@ def main(argv: list[str] | None = None) -> int:
             api_key=api_key,
             metrics=not args.disable_log_stats,
             seed=args.seed,
+            prefix_caching=args.enable_prefix_caching is not False,
         )
         cache_info = {
             "block_size": str(block_size),
             "cache_dtype": "auto",
-            "enable_prefix_caching": str(bool(args.enable_prefix_caching)),
+            # vLLM V1 caches prefixes unless told not to.
+            "enable_prefix_caching": str(args.enable_prefix_caching is not False),
             "gpu_memory_utilization": str(args.gpu_memory_utilization),
             "kv_cache_max_concurrency": str(max_concurrency),
             "kv_cache_memory_bytes": str(kv_bytes),

@@ -100,6 +100,8 @@ class Behavior:
     itl_growth_per_running: float = 0.0
     ttft_growth_per_running: float = 0.0
     slowness_sigma: float = 0.0
+    # vLLM's prefix cache as counters only: vllm:prefix_cache_queries/hits (see PrefixCache).
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "disconnect_rate", "error_event_rate"):
@@ -130,6 +132,8 @@ class ServerStats:
     peak_kv_usage: float = 0.0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     connections: int = 0  # TCP connections accepted
     paths: collections.Counter[str] = field(default_factory=collections.Counter)
 
@@ -141,6 +145,42 @@ def count_text_tokens(text: str) -> int:
 def fake_token_ids(text: str) -> list[int]:
     data = text.encode("utf-8")
     return [int.from_bytes(data[i : i + 4], "little") % 32000 for i in range(0, len(data), 4)]
+
+
+def fake_prompt_ids(payload: dict[str, Any]) -> list[int]:
+    """The token ids of a completion's prompt or a chat's messages; each message starts with
+    CHAT_TOKENS_PER_MESSAGE template ids (its role), so len() is the /tokenize count."""
+    if isinstance(payload.get("messages"), list):
+        ids: list[int] = []
+        for m in payload["messages"]:
+            role = m.get("role") if isinstance(m, dict) else None
+            ids += [32000 + hash(str(role)) % 1000] * CHAT_TOKENS_PER_MESSAGE + fake_token_ids(_message_text(m))
+        return ids
+    return fake_token_ids(payload.get("prompt") or "")
+
+
+class PrefixCache:
+    """vLLM's prefix-cache counters, unbounded: full BLOCK_SIZE blocks named by hashes chained on
+    their parent's; a prompt hits its longest run of cached leading blocks, at most
+    (n - 1) // BLOCK_SIZE of them (the last token is always computed); queries count its tokens.
+    It changes no KV accounting: the capacity model above is unaware of sharing."""
+
+    def __init__(self) -> None:
+        self._blocks: set[int] = set()
+
+    def lookup(self, ids: list[int]) -> int:
+        """Hit tokens of this prompt; its full blocks are cached from now on."""
+        parent, hashes = 0, []
+        for start in range(0, len(ids) - BLOCK_SIZE + 1, BLOCK_SIZE):
+            parent = hash((parent, tuple(ids[start : start + BLOCK_SIZE])))
+            hashes.append(parent)
+        hit = 0
+        for h in hashes[: max(0, len(ids) - 1) // BLOCK_SIZE]:
+            if h not in self._blocks:
+                break
+            hit += 1
+        self._blocks.update(hashes)
+        return hit * BLOCK_SIZE
 
 
 def _message_text(message: Any) -> str:
@@ -323,6 +363,7 @@ class FakeServer:
         self.last_headers: dict[str, str] = {}
         self._rng = random.Random(self.behavior.seed)
         self._capacity = _Capacity(self)
+        self._prefix_cache = PrefixCache()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._outer: set[asyncio.Task[Any]] = set()
@@ -482,12 +523,11 @@ class FakeServer:
     async def _tokenize(self, writer: asyncio.StreamWriter, payload: dict[str, Any]) -> None:
         if isinstance(payload.get("messages"), list):
             count = count_messages_tokens(payload["messages"])
-            tokens = [t for m in payload["messages"] for t in fake_token_ids(_message_text(m))]
         elif isinstance(payload.get("prompt"), str):
             count = count_text_tokens(payload["prompt"])
-            tokens = fake_token_ids(payload["prompt"])
         else:
             raise _HttpError(400, "give either 'prompt' (a string) or 'messages' (a list)")
+        tokens = fake_prompt_ids(payload)
         await self._send_json(writer, 200, {"count": count, "max_model_len": self.behavior.max_model_len, "tokens": tokens})
 
     # --- generation -----------------------------------------------------------------------------
@@ -525,6 +565,9 @@ class FakeServer:
         self.stats.requests += 1
         model, prompt_tokens, n_tokens = self._validate(chat, payload)
         b = self.behavior
+        if b.prefix_caching:
+            self.stats.prefix_cache_queries += prompt_tokens
+            self.stats.prefix_cache_hits += self._prefix_cache.lookup(fake_prompt_ids(payload))
         if b.error_rate and self._rng.random() < b.error_rate:
             raise _HttpError(500, "injected server error", "InternalServerError")
         disconnect = bool(b.disconnect_rate) and self._rng.random() < b.disconnect_rate
@@ -641,6 +684,11 @@ class FakeServer:
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens),
             ("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens),
         ]
+        if b.prefix_caching:
+            counters += [
+                ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", s.prefix_cache_queries),
+                ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.prefix_cache_hits),
+            ]
         for name, help_, value in counters:
             out += [f"# HELP {name}_total {help_}", f"# TYPE {name}_total counter", f"{name}_total{{{labels}}} {float(value)}"]
         if b.kv_cache_tokens:
@@ -648,7 +696,7 @@ class FakeServer:
             info = {
                 "block_size": str(BLOCK_SIZE),
                 "cache_dtype": "auto",
-                "enable_prefix_caching": "False",
+                "enable_prefix_caching": str(b.prefix_caching),
                 "gpu_memory_utilization": "0.92",
                 "kv_cache_max_concurrency": f"{b.kv_cache_tokens / b.max_model_len:.1f}",
                 "kv_cache_size_tokens": str(b.kv_cache_tokens),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from planner.cli import main
 from replay.corpus import load_corpus
-from replay.corpus_stats import server_token_counts
+from replay.corpus_stats import server_prompt_blocks
 from tests.fakes.openai_server import Behavior, FakeServer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
@@ -21,12 +21,19 @@ GOOD = FIXTURES / "good.jsonl"
 SERVER_COUNTS = [4 + 4 + 7 + 4, 20 + 4, 30, 40, 100]
 
 
+async def server_token_counts(corpus, url: str, *, model: str | None, api: str) -> tuple[list[int], str]:
+    prompts, served, _ = await server_prompt_blocks(
+        corpus, url, model=model, api=api, api_key=None, block_size=lambda _metrics: 16
+    )
+    return [n for n, _ in prompts], served
+
+
 def test_counts_come_from_tokenize_in_corpus_order():
     corpus = load_corpus(GOOD)
 
     async def go():
         async with FakeServer(Behavior()) as srv:
-            return await server_token_counts(corpus, srv.url, model=None, api="completions", api_key=None)
+            return await server_token_counts(corpus, srv.url, model=None, api="completions")
 
     assert asyncio.run(go()) == (SERVER_COUNTS, "fake-model")
 
@@ -36,7 +43,7 @@ def test_chat_api_wraps_prompts_in_one_user_message():
 
     async def go():
         async with FakeServer(Behavior()) as srv:
-            return await server_token_counts(corpus, srv.url, model="fake-model", api="chat", api_key=None)
+            return await server_token_counts(corpus, srv.url, model="fake-model", api="chat")
 
     counts, _ = asyncio.run(go())
     assert counts == SERVER_COUNTS[:2] + [n + 4 for n in SERVER_COUNTS[2:]]
@@ -50,7 +57,7 @@ def test_many_requests_keep_their_order(tmp_path):
 
     async def go():
         async with FakeServer(Behavior()) as srv:
-            return await server_token_counts(corpus, srv.url, model=None, api="completions", api_key=None)
+            return await server_token_counts(corpus, srv.url, model=None, api="completions")
 
     counts, _ = asyncio.run(go())
     assert counts == list(range(1, 201))
@@ -88,3 +95,17 @@ def test_cli_reports_an_unserved_model(spawn_fake_server, capsys):
     assert capsys.readouterr().err == (
         "planner prompts: error: model 'llama-70b' is not served here; served models: fake-model\n"
     )
+
+
+def test_cli_with_url_takes_block_size_and_pool_from_the_server(spawn_fake_server, tmp_path, capsys):
+    # The fake's block size is 16 and 48 KV tokens are 3 blocks. 4 prompts of 48 tokens share a
+    # 32-token system prompt: requests 2-4 hit its 2 blocks, 3 x 32 of 192 tokens.
+    path = tmp_path / "shared.jsonl"
+    lines = [json.dumps({"prompt": "S" * 128 + f"question {i:02d}".ljust(64, ".")}) for i in range(4)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    url = spawn_fake_server("--kv-cache-tokens", "48")
+    assert main(["prompts", "stats", str(path), "--url", url, "--json"]) == 0
+    pc = json.loads(capsys.readouterr().out)["prefix_cache"]
+    assert (pc["block_size"], pc["block_size_source"]) == (16, "the server's")
+    assert (pc["kv_blocks"], pc["kv_blocks_source"]) == (3, "the server's num_gpu_blocks")
+    assert (pc["total_blocks"], pc["unique_blocks"], pc["hit_rate_unbounded"], pc["hit_rate_lru"]) == (12, 6, 0.5, 0.5)

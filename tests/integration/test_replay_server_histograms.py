@@ -24,19 +24,21 @@ from tests.fakes.openai_server import Behavior, FakeServer
 TTFT_S, ITL_S, TOKENS = 0.03, 0.015, 20
 
 
-def _corpus(path: Path) -> Path:
-    path.write_text("".join(json.dumps({"prompt": f"request {i}", "max_tokens": TOKENS}) + "\n" for i in range(100)))
+def _corpus(path: Path, prefix: str = "") -> Path:
+    path.write_text(
+        "".join(json.dumps({"prompt": f"{prefix}request {i:02d}", "max_tokens": TOKENS}) + "\n" for i in range(100))
+    )
     return path
 
 
-def _replay(tmp_path: Path, behavior: Behavior, slo: dict[str, float], **settings_over) -> ReplayResults:
+def _replay(tmp_path: Path, behavior: Behavior, slo: dict[str, float], prefix: str = "", **settings_over) -> ReplayResults:
     settings = ReplaySettings(
         concurrency=[4], warmup_requests=4, min_requests=40, metrics_interval_s=0.25, **settings_over
     )
 
     async def main() -> ReplayResults:
         async with FakeServer(behavior) as srv:
-            return await run_replay(url=srv.url, corpus=load_corpus(_corpus(tmp_path / "c.jsonl")), settings=settings, slo=slo)
+            return await run_replay(url=srv.url, corpus=load_corpus(_corpus(tmp_path / "c.jsonl", prefix)), settings=settings, slo=slo)
 
     return asyncio.run(main())
 
@@ -74,6 +76,18 @@ def test_server_quantiles_land_in_the_buckets_of_the_known_law(tmp_path: Path) -
     assert step.slo_violations == ["server_queue_p99_ms"]
     assert step.slo_verdicts == {"ttft_p50_ms": "pass", "server_ttft_p99_ms": "pass", "server_queue_p99_ms": "fail"}
     assert step.slo_views == {"ttft_p50_ms": "client", "server_ttft_p99_ms": "server", "server_queue_p99_ms": "server"}
+
+
+@pytest.mark.timeout(120)
+def test_prefix_cache_hit_rate_over_the_window(tmp_path: Path) -> None:
+    # Every prompt: a 128-byte shared prefix (32 fake tokens, 2 blocks of 16) and "request NN"
+    # (3 tokens). After the warm-up every request finds both blocks: 32 of its 35 tokens.
+    (step,) = _replay(tmp_path, Behavior(ttft_s=TTFT_S, itl_s=ITL_S), {"ttft_p50_ms": 5000}, prefix="S" * 128).steps
+    server = step.server
+    assert server.prefix_cache_queries % 35 == 0 and server.prefix_cache_queries >= 35 * 40
+    assert server.prefix_cache_hit_rate == round(32 / 35, 4)
+    # No KV connector: no external counters, so no external rate.
+    assert server.external_prefix_cache_hit_rate is None
 
 
 @pytest.mark.timeout(120)

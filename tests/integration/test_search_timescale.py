@@ -123,6 +123,6 @@ def test_a_sweep_point_starts_its_search_at_its_capacity_bound(tmp_path):
     assert point.status == "ok", point.failure
     concurrencies = [int(s.load.value) for s in point.steps]
     assert point.concurrency_upper_bound is not None and point.concurrency_upper_bound >= 12
-    assert concurrencies[0] == point.concurrency_upper_bound
+    assert concurrencies[0] == point.search_upper_bound
     assert point.max_passing_concurrency is not None and 6 <= point.max_passing_concurrency <= 8, concurrencies
     assert point.confirmed

@@ -59,6 +59,25 @@ def test_corpus_aware_concurrency(tmp_path, capsys):
     assert c["mean_blocks_per_request"] == 2.0
     assert c["concurrency"] == 31.5  # 63 usable blocks / 2
     assert c["token_counts"] == "estimated as UTF-8 bytes / 4"
+    # Nothing shared: the prefix cache changes nothing.
+    assert (c["concurrency_prefix_cache"], c["shared_prefix_blocks"]) == (31, 0)
+
+
+def test_corpus_aware_concurrency_with_a_shared_prefix(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    model = tiny_model(tmp_path / "m")
+    corpus = tmp_path / "c.jsonl"
+    # 10 requests: 1024 bytes of shared system prompt (256 tokens = 2 CPU blocks of 128), then
+    # 100 tokens of their own, and 28 out: 384 tokens = 3 blocks, 1 of its own.
+    system = "s" * 1024
+    corpus.write_text("".join(json.dumps({"prompt": system + f"{i:03d}" + "q" * 397, "max_tokens": 28}) + "\n" for i in range(10)))
+    rc = main(["estimate", "--model", str(model), "--device", "cpu", "--kv-cache-memory-bytes", "2M", "--max-model-len", "1024",
+               "--prompts", str(corpus)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    # 63 usable blocks: 21 requests of 3 blocks; 2 shared + 61 x 1 with the cache.
+    assert "corpus-aware concurrency (estimate; estimated as UTF-8 bytes / 4): 21.00 (10 requests, 3.0 blocks each" in out
+    assert "  with vLLM's prefix cache: 61 (2 shared prompt blocks held once, 1.0 blocks of its own a request)\n" in out
 
 
 def test_errors_are_one_line(tmp_path, capsys):

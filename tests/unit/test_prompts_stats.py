@@ -42,7 +42,61 @@ def test_table_on_the_fixture(capsys):
         "output (max_tokens)         48     109     126     128     60.0\n"
         "total                       73     146     166     168     85.0\n"
         "1 request has no max_tokens: left out of output and total\n"
+        "\n"
+        "prefix cache (block size 16, vLLM's GPU default; pass --block-size or --url; requests in corpus order)\n"
+        "  full prompt blocks    10, unique 10 (100.0%), held by 2+ requests 0\n"
+        "  hit rate, unbounded cache  0.0% of prompt tokens\n"
+        "  (no KV pool size: pass --kv-blocks, or --url to read the server's, for an LRU hit rate)\n"
     )
+
+
+def test_a_shared_system_prompt_is_counted_as_vllm_caches_it(tmp_path, capsys):
+    # 4 prompts of 48 estimated tokens (3 blocks of 16): 32 tokens of shared system prompt, then
+    # 16 of their own. Requests 2-4 hit the 2 shared blocks (the third is never hit: it ends with
+    # the last token): 3 x 32 hit tokens of 4 x 48.
+    path = tmp_path / "shared.jsonl"
+    lines = [json.dumps({"prompt": "S" * 128 + f"question {i:02d}".ljust(64, ".")}) for i in range(4)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rc, out, _ = run_cli(capsys, "prompts", "stats", str(path), "--json", "--kv-blocks", "20")
+    assert rc == 0
+    assert json.loads(out)["prefix_cache"] == {
+        "block_size": 16,
+        "block_size_source": "vLLM's GPU default; pass --block-size or --url",
+        "requests": 4,
+        "prompt_tokens": 192,
+        "total_blocks": 12,
+        "unique_blocks": 6,
+        "shared_blocks": 2,
+        "hit_rate_unbounded": 0.5,
+        "kv_blocks": 20,
+        "kv_blocks_source": "--kv-blocks",
+        "hit_rate_lru": 0.5,
+        # 48 + 16 (vLLM's default max_tokens) = 4 blocks a request: 20 // 4 = 5 without the cache;
+        # with it the 2 system-prompt blocks are held once: 2 + 9 x 2 <= 20.
+        "concurrency_bound": {
+            "mean_blocks_per_request": 4.0,
+            "no_prefix_cache": 5,
+            "shared_prefix_blocks": 2,
+            "mean_own_blocks_per_request": 2.0,
+            "prefix_cache": 9,
+        },
+    }
+    # Two blocks of room: each request's own block evicts the system prompt's first block.
+    rc, out, _ = run_cli(capsys, "prompts", "stats", str(path), "--kv-blocks", "2")
+    assert "  hit rate, LRU cache        0.0% of prompt tokens (2 blocks, --kv-blocks)\n" in out
+    assert out.endswith(
+        "  KV concurrency bound       1 without the cache (4.00 blocks a request), 1 with it"
+        " (2 shared blocks once + 2.00 own a request)\n"
+    )
+    # Blocks of 32: the system prompt is one block, and 47 // 32 = 1 block may hit.
+    rc, out, _ = run_cli(capsys, "prompts", "stats", str(path), "--json", "--block-size", "32")
+    assert json.loads(out)["prefix_cache"]["hit_rate_unbounded"] == round(3 * 32 / 192, 4)
+
+
+def test_bad_block_size_is_one_error_line(capsys):
+    with pytest.raises(SystemExit):
+        main(["prompts", "stats", str(GOOD), "--block-size", "0"])
+    assert "--block-size '0': must be a positive integer" in capsys.readouterr().err
 
 
 def test_json_on_the_fixture(capsys):
@@ -61,6 +115,19 @@ def test_json_on_the_fixture(capsys):
         "output_tokens": {"p50": 48.0, "p90": 108.8, "p99": 126.08, "max": 128.0, "mean": 60.0},
         "total_tokens": {"p50": 73.0, "p90": 145.8, "p99": 165.78, "max": 168.0, "mean": 85.0},
         "without_max_tokens": 1,
+        "prefix_cache": {
+            "block_size": 16,
+            "block_size_source": "vLLM's GPU default; pass --block-size or --url",
+            "requests": 5,
+            "prompt_tokens": 200,
+            "total_blocks": 10,
+            "unique_blocks": 10,
+            "shared_blocks": 0,
+            "hit_rate_unbounded": 0.0,
+            "kv_blocks": None,
+            "kv_blocks_source": None,
+            "hit_rate_lru": None,
+        },
     }
 
 
@@ -89,7 +156,7 @@ def test_corpus_without_categories_or_max_tokens(tmp_path, capsys):
     assert "\ncategories:" not in out
     assert "input                        2       2       2       2      2.0\n" in out
     assert "output (max_tokens)          -       -       -       -        -\n" in out
-    assert out.endswith("1 request has no max_tokens: left out of output and total\n")
+    assert "1 request has no max_tokens: left out of output and total\n\nprefix cache" in out
 
 
 def test_subcommand_is_required(capsys):

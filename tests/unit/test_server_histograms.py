@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from replay.server_histograms import histogram_quantile, parse_snapshot, window_figures
+from replay.server_metrics import hit_rate
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_metrics"
 MODEL = "/models/tiny-llama"
@@ -40,7 +41,28 @@ def test_idle_to_busy_delta_on_real_metrics():
     assert queue.p99_bucket_ms == (0.0, 300.0)
     assert set(figures.latencies) == {"ttft", "itl", "tpot", "e2e", "queue", "prefill", "decode"}
     assert all(v is not None and v.count == 2 for k, v in figures.latencies.items() if k not in ("ttft", "itl"))
-    assert figures.counters == {"prompt_tokens": 531.0, "generation_tokens": 457.0, "requests_finished": 2.0}
+    assert figures.counters == {
+        "prompt_tokens": 531.0,
+        "generation_tokens": 457.0,
+        "requests_finished": 2.0,
+        # The recording's two requests shared nothing: 531 prompt tokens looked up, none found.
+        "prefix_cache_queries": 531.0,
+        "prefix_cache_hits": 0.0,
+        "external_prefix_cache_queries": 0.0,
+        "external_prefix_cache_hits": 0.0,
+    }
+
+
+def test_prefix_cache_hit_rate_over_a_window():
+    busy = (FIXTURES / "real-0.32-cpu-busy.txt").read_text()
+    hit = busy.replace('vllm:prefix_cache_hits_total{engine="0",model_name="/models/tiny-llama"} 0.0',
+                       'vllm:prefix_cache_hits_total{engine="0",model_name="/models/tiny-llama"} 256.0')
+    assert hit != busy
+    figures = window_figures(_snap("idle"), parse_snapshot(hit, 1.0, MODEL))
+    assert (figures.counters["prefix_cache_queries"], figures.counters["prefix_cache_hits"]) == (531.0, 256.0)
+    assert hit_rate(figures.counters["prefix_cache_hits"], figures.counters["prefix_cache_queries"]) == 0.4821
+    # Nothing queried (an idle window) or no counter: no rate, rather than 0 or a division error.
+    assert hit_rate(0.0, 0.0) is None and hit_rate(None, 531.0) is None
 
 
 def test_same_snapshot_twice_gives_empty_figures():
