@@ -2,6 +2,8 @@
 
     planner prompts stats FILE [--url URL]     counts and token-length percentiles
     planner prompts convert --from sharegpt IN OUT [--max-tokens-from-reply]
+    planner prompts sharegpt IN OUT [--single-request [--max-tokens-from-reply]]
+    planner prompts chatlog IN OUT
 
 Without --url, input lengths are an estimate (replay.lengths.ESTIMATE_RULE) and every output
 says so; with --url they are the server's own /tokenize counts, chat template included. The work
@@ -19,7 +21,8 @@ from planner.cliargs import env_default
 from replay.corpus import load_corpus, request_text
 from replay.corpus_stats import corpus_stats, render_stats, server_token_counts
 from replay.lengths import ESTIMATE_RULE, estimate_tokens
-from replay.sharegpt import convert_sharegpt
+from replay.chatlog import group_chat_log
+from replay.sharegpt import convert_sharegpt, convert_sharegpt_sessions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +70,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     cv.set_defaults(run=run_convert)
 
+    sg = psub.add_parser(
+        "sharegpt",
+        help="ShareGPT conversations as sessions (every human turn a turn)",
+        description="Convert ShareGPT-style conversations to the planner's session form: one conversation line each,"
+        " every human turn a turn, the gpt reply after it as its recorded assistant text and (estimated,"
+        f" {ESTIMATE_RULE}) max_tokens. --single-request writes the older form instead: one messages request per"
+        " conversation, ending at its last human turn (as `convert --from sharegpt`).",
+    )
+    sg.add_argument("input", type=Path, metavar="IN", help="ShareGPT JSON or JSONL file")
+    sg.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
+    sg.add_argument("--single-request", action="store_true", help="one request per conversation instead of a session")
+    sg.add_argument(
+        "--max-tokens-from-reply",
+        action="store_true",
+        help="with --single-request: set max_tokens from the reply that followed (sessions always do)",
+    )
+    sg.set_defaults(run=run_sharegpt)
+
+    cl = psub.add_parser(
+        "chatlog",
+        help="group an OpenAI-style chat log into sessions",
+        description="Group a chat log (JSONL of logged chat requests, {\"messages\": [...]} each, optional max_tokens"
+        " and timestamp_s) into sessions: a request whose messages repeat an earlier one's and its reply is that"
+        " conversation's next turn. Writes session turn lines (session_id, turn, the new messages, the recorded reply).",
+    )
+    cl.add_argument("input", type=Path, metavar="IN", help="chat log JSONL")
+    cl.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
+    cl.set_defaults(run=run_chatlog)
+
 
 def run_stats(args: argparse.Namespace) -> int:
     corpus = load_corpus(args.file, skip_invalid=args.skip_invalid)
@@ -91,4 +123,25 @@ def run_convert(args: argparse.Namespace) -> int:
         f"converted {result.converted} conversations to {args.output};"
         f" skipped {result.skipped_no_human} with no human turn"
     )
+    return 0
+
+
+def run_sharegpt(args: argparse.Namespace) -> int:
+    from planner.errors import ConfigError
+
+    if args.single_request:
+        return run_convert(args)
+    if args.max_tokens_from_reply:
+        raise ConfigError("--max-tokens-from-reply goes with --single-request; sessions always take max_tokens from the replies")
+    result = convert_sharegpt_sessions(args.input, args.output)
+    print(
+        f"converted {result.converted} conversations to sessions in {args.output};"
+        f" skipped {result.skipped_no_human} with no human turn"
+    )
+    return 0
+
+
+def run_chatlog(args: argparse.Namespace) -> int:
+    result = group_chat_log(args.input, args.output)
+    print(f"grouped {result.lines} logged requests into {result.sessions} sessions ({result.turns} turns) in {args.output}")
     return 0
