@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.atomic import atomic_text
-from replay.corpus import ROLES, _check_messages, _kind
+from replay.corpus import ROLES, check_messages, json_kind
 from replay.errors import CorpusError
 from replay.lengths import estimate_tokens
 
@@ -74,13 +74,13 @@ def group_chat_log(src: Path, dst: Path) -> GroupResult:
             except json.JSONDecodeError as exc:
                 raise bad(f"invalid JSON at column {exc.colno}: {exc.msg}") from None
             if not isinstance(obj, dict) or "messages" not in obj:
-                raise bad(f"expected an object with 'messages' (a logged chat request), found {_kind(obj)}")
-            messages = _check_messages(obj["messages"], bad)
+                raise bad(f"expected an object with 'messages' (a logged chat request), found {json_kind(obj)}")
+            messages = check_messages(obj["messages"], bad)
             if messages[-1]["role"] == "assistant":
                 raise bad(f"the last message is the assistant's; a logged request ends with what was sent ({', '.join(r for r in ROLES if r != 'assistant')})")
             max_tokens = obj.get("max_tokens")
             if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-                raise bad(f"field 'max_tokens' is {_kind(max_tokens)}; it must be an integer >= 1")
+                raise bad(f"field 'max_tokens' is {json_kind(max_tokens)}; it must be an integer >= 1")
             lines += 1
             chain = _chain(messages)
             # The longest earlier conversation this line continues: its messages, then a reply.

@@ -251,7 +251,7 @@ def _parse_line(raw: bytes, lineno: int, index: int, path: str) -> CorpusRequest
         raise bad(f"invalid JSON at column {exc.colno}: {exc.msg}") from None
     if not isinstance(obj, dict):
         raise bad(
-            f"expected a JSON object like {{\"prompt\": \"...\"}} or {{\"messages\": [...]}}, found {_kind(obj)}"
+            f"expected a JSON object like {{\"prompt\": \"...\"}} or {{\"messages\": [...]}}, found {json_kind(obj)}"
         )
     if "conversation" in obj:
         return _parse_conversation(obj, lineno, index, bad)
@@ -268,17 +268,17 @@ def _parse_line(raw: bytes, lineno: int, index: int, path: str) -> CorpusRequest
     if has_prompt:
         prompt = obj["prompt"]
         if not isinstance(prompt, str):
-            raise bad(f"field 'prompt' is {_kind(prompt)}; it must be a non-empty string")
+            raise bad(f"field 'prompt' is {json_kind(prompt)}; it must be a non-empty string")
         if not prompt:
             raise bad("field 'prompt' is an empty string; it must be a non-empty string")
     else:
-        messages = _check_messages(obj["messages"], bad)
+        messages = check_messages(obj["messages"], bad)
 
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None and (
         isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
     ):
-        raise bad(f"field 'max_tokens' is {_kind(max_tokens)}; it must be an integer >= 1")
+        raise bad(f"field 'max_tokens' is {json_kind(max_tokens)}; it must be an integer >= 1")
 
     raw_id = obj.get("id")
     if raw_id is None:
@@ -288,7 +288,7 @@ def _parse_line(raw: bytes, lineno: int, index: int, path: str) -> CorpusRequest
     elif isinstance(raw_id, int) and not isinstance(raw_id, bool):
         req_id = str(raw_id)
     else:
-        raise bad(f"field 'id' is {_kind(raw_id)}; it must be a string or an integer")
+        raise bad(f"field 'id' is {json_kind(raw_id)}; it must be a string or an integer")
 
     timestamp_s = obj.get("timestamp_s")
     if timestamp_s is not None:
@@ -298,7 +298,7 @@ def _parse_line(raw: bytes, lineno: int, index: int, path: str) -> CorpusRequest
             or not math.isfinite(timestamp_s)
             or timestamp_s < 0
         ):
-            raise bad(f"field 'timestamp_s' is {_kind(timestamp_s)}; it must be a number >= 0 (seconds)")
+            raise bad(f"field 'timestamp_s' is {json_kind(timestamp_s)}; it must be a number >= 0 (seconds)")
         timestamp_s = float(timestamp_s)
 
     session_id = turn = None
@@ -306,7 +306,7 @@ def _parse_line(raw: bytes, lineno: int, index: int, path: str) -> CorpusRequest
         session_id = _session_id(obj.get("session_id"), bad)
         turn = obj.get("turn")
         if isinstance(turn, bool) or not isinstance(turn, int) or turn < 1:
-            raise bad(f"field 'turn' is {_kind(turn)}; a session's line needs 'turn', an integer >= 1")
+            raise bad(f"field 'turn' is {json_kind(turn)}; a session's line needs 'turn', an integer >= 1")
     elif "think_time_s" in obj or "assistant" in obj:
         field_name = "think_time_s" if "think_time_s" in obj else "assistant"
         raise bad(f"field {field_name!r} belongs to a session's turn; give the line 'session_id' and 'turn' too")
@@ -335,14 +335,14 @@ def _session_id(raw: Any, bad) -> str:
         return raw
     if isinstance(raw, int) and not isinstance(raw, bool):
         return str(raw)
-    raise bad(f"field 'session_id' is {_kind(raw)}; a session's line needs 'session_id', a non-empty string or an integer")
+    raise bad(f"field 'session_id' is {json_kind(raw)}; a session's line needs 'session_id', a non-empty string or an integer")
 
 
 def _think_time(raw: Any, turn: int, bad, where: str = "field 'think_time_s'") -> float | None:
     if raw is None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0:
-        raise bad(f"{where} is {_kind(raw)}; it must be a number >= 0 (seconds)")
+        raise bad(f"{where} is {json_kind(raw)}; it must be a number >= 0 (seconds)")
     if turn == 1:
         raise bad(f"{where} on turn 1; the first turn is sent at the session's arrival, later turns after their think time")
     return float(raw)
@@ -350,7 +350,7 @@ def _think_time(raw: Any, turn: int, bad, where: str = "field 'think_time_s'") -
 
 def _assistant(raw: Any, bad, where: str = "field 'assistant'") -> str | None:
     if raw is not None and not isinstance(raw, str):
-        raise bad(f"{where} is {_kind(raw)}; it must be a string (the recorded reply)")
+        raise bad(f"{where} is {json_kind(raw)}; it must be a string (the recorded reply)")
     return raw
 
 
@@ -365,29 +365,29 @@ def _parse_conversation(obj: dict, lineno: int, index: int, bad) -> list[CorpusR
     sid = _session_id(obj["id"], bad) if "id" in obj else f"line-{lineno}"
     system = obj.get("system")
     if system is not None and not isinstance(system, str):
-        raise bad(f"field 'system' is {_kind(system)}; it must be a string (the system prompt)")
+        raise bad(f"field 'system' is {json_kind(system)}; it must be a string (the system prompt)")
     stamp = obj.get("timestamp_s")
     if stamp is not None and (
         isinstance(stamp, bool) or not isinstance(stamp, int | float) or not math.isfinite(stamp) or stamp < 0
     ):
-        raise bad(f"field 'timestamp_s' is {_kind(stamp)}; it must be a number >= 0 (seconds)")
+        raise bad(f"field 'timestamp_s' is {json_kind(stamp)}; it must be a number >= 0 (seconds)")
     turns = obj["conversation"]
     if not isinstance(turns, list) or not turns:
-        raise bad(f"field 'conversation' is {_kind(turns)}; it must be a non-empty list of turns like {{\"user\": \"...\"}}")
+        raise bad(f"field 'conversation' is {json_kind(turns)}; it must be a non-empty list of turns like {{\"user\": \"...\"}}")
     out = []
     for i, t in enumerate(turns):
         where = f"conversation[{i}]"
         if not isinstance(t, dict):
-            raise bad(f"{where} is {_kind(t)}; a turn is an object like {{\"user\": \"...\", \"max_tokens\": 64}}")
+            raise bad(f"{where} is {json_kind(t)}; a turn is an object like {{\"user\": \"...\", \"max_tokens\": 64}}")
         unknown = sorted(set(t) - TURN_FIELDS)
         if unknown:
             raise bad(f"{where} has {', '.join(repr(k) for k in unknown)}; a turn's fields are {', '.join(sorted(TURN_FIELDS))}")
         user = t.get("user")
         if not isinstance(user, str) or not user:
-            raise bad(f"{where} field 'user' is {_kind(user)}; a turn needs 'user', a non-empty string")
+            raise bad(f"{where} field 'user' is {json_kind(user)}; a turn needs 'user', a non-empty string")
         max_tokens = t.get("max_tokens")
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-            raise bad(f"{where} field 'max_tokens' is {_kind(max_tokens)}; it must be an integer >= 1")
+            raise bad(f"{where} field 'max_tokens' is {json_kind(max_tokens)}; it must be an integer >= 1")
         messages = [{"role": "user", "content": user}]
         if i == 0 and system:
             messages.insert(0, {"role": "system", "content": system})
@@ -410,29 +410,29 @@ def _parse_conversation(obj: dict, lineno: int, index: int, bad) -> list[CorpusR
     return out
 
 
-def _check_messages(messages: Any, bad) -> list[dict]:
+def check_messages(messages: Any, bad) -> list[dict]:
     if not isinstance(messages, list):
-        raise bad(f"field 'messages' is {_kind(messages)}; it must be a non-empty list of {{role, content}} objects")
+        raise bad(f"field 'messages' is {json_kind(messages)}; it must be a non-empty list of {{role, content}} objects")
     if not messages:
         raise bad("field 'messages' is an empty list; it must hold at least one {role, content} object")
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
-            raise bad(f"{where} is {_kind(msg)}; each message must be an object with 'role' and 'content'")
+            raise bad(f"{where} is {json_kind(msg)}; each message must be an object with 'role' and 'content'")
         if "role" not in msg:
             raise bad(f"{where} has no 'role'; each message needs 'role' (one of {', '.join(ROLES)})")
         if "content" not in msg:
             raise bad(f"{where} has no 'content'; each message needs 'content' (a string)")
         role = msg["role"]
         if role not in ROLES:
-            shown = repr(role) if isinstance(role, str) else _kind(role)
+            shown = repr(role) if isinstance(role, str) else json_kind(role)
             raise bad(f"{where} has unknown role {shown}; valid roles: {', '.join(ROLES)}")
         if not isinstance(msg["content"], str):
-            raise bad(f"{where} field 'content' is {_kind(msg['content'])}; it must be a string")
+            raise bad(f"{where} field 'content' is {json_kind(msg['content'])}; it must be a string")
     return messages
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     """How a JSON value reads in an error message: its JSON type and, for scalars, the value."""
     match value:
         case None:
