@@ -78,8 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         f" {ESTIMATE_RULE}) max_tokens. --single-request writes the older form instead: one messages request per"
         " conversation, ending at its last human turn (as `convert --from sharegpt`).",
     )
-    sg.add_argument("input", type=Path, metavar="IN", help="ShareGPT JSON or JSONL file")
-    sg.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
+    _in_out(sg, "ShareGPT JSON or JSONL file")
     sg.add_argument("--single-request", action="store_true", help="one request per conversation instead of a session")
     sg.add_argument(
         "--max-tokens-from-reply",
@@ -95,9 +94,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         " and timestamp_s) into sessions: a request whose messages repeat an earlier one's and its reply is that"
         " conversation's next turn. Writes session turn lines (session_id, turn, the new messages, the recorded reply).",
     )
-    cl.add_argument("input", type=Path, metavar="IN", help="chat log JSONL")
-    cl.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
+    _in_out(cl, "chat log JSONL")
     cl.set_defaults(run=run_chatlog)
+
+
+def _in_out(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("input", type=Path, metavar="IN", help=what)
+    parser.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
 
 
 def run_stats(args: argparse.Namespace) -> int:
