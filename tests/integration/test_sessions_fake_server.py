@@ -78,3 +78,25 @@ def test_turns_carry_the_history_after_their_think_time(tmp_path: Path) -> None:
     assert s.by_turn["2"].resent_tokens_mean == pytest.approx(turn1 + 4)
     assert s.by_turn["2"].prompt_tokens_mean == pytest.approx(count_messages_tokens(second["messages"]))
     assert s.turns_completed >= 6 and s.sessions_completed >= 1
+
+
+@pytest.mark.timeout(120)
+def test_planner_replay_prints_sessions_and_finds_a_max_in_sessions(tmp_path: Path, spawn_fake_server, capsys) -> None:
+    from planner.cli import main
+
+    url = spawn_fake_server("--itl-s", "0.002")
+    out = tmp_path / "out"
+    code = main([
+        "replay", "--prompts", str(_conversations(tmp_path, 40)), "--url", url, "--api", "chat",
+        "--find-max", "--max-concurrency", "4", "--min-requests", "12", "--think-time-s", "0.05",
+        "--think-time-distribution", "fixed", "--slo", "error_rate=0", "--output", str(out),
+    ])
+    assert code == 0
+    printed = capsys.readouterr().out
+    results = ReplayResults.model_validate_json((out / "replay.json").read_text())
+    # Nothing fails on this server: the cap, in sessions, passes.
+    assert results.concurrency_unit == "sessions" and results.max_passing_concurrency == 4
+    assert results.settings["think_time_s"] == 0.05 and results.settings["think_time_distribution"] == "fixed"
+    assert "concurrency counts sessions (users in flight), not requests" in printed
+    assert "c=4: sessions in flight 4.0 (peak 4), requests in flight" in " ".join(printed.split())
+    assert all(s.sessions is not None and s.sessions.sessions_in_flight_peak == 4 for s in results.steps)
