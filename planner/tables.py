@@ -22,7 +22,9 @@ def fmt(value: float | None, digits: int = 0) -> str:
 
 def load_label(step: StepResult) -> str:
     v = step.load.value
-    return {"concurrency": f"c={v:g}", "rate": f"{v:g} req/s", "trace": f"trace x{v:g}"}[step.load.mode]
+    # A session corpus's rate counts session arrivals.
+    rate = f"{v:g} sessions/s" if step.sessions is not None else f"{v:g} req/s"
+    return {"concurrency": f"c={v:g}", "rate": rate, "trace": f"trace x{v:g}"}[step.load.mode]
 
 
 def steps_table(steps: list[StepResult], title: str | None = None) -> Table:

@@ -82,9 +82,11 @@ def test_the_second_turn_resends_the_first_and_its_streamed_reply(shared_server,
         return expected, seen.records["e2e#2"].prompt_tokens
 
     expected, second = asyncio.run(main())
+    print(f"turn 1: {seen.records['e2e#1'].prompt_tokens} prompt + {seen.records['e2e#1'].completion_tokens} output tokens;"
+          f" turn 2: {second} prompt tokens; /tokenize of the whole conversation: {expected}")
     first = seen.records["e2e#1"]
     assert first.ok and first.completion_tokens == FIRST_OUTPUT_TOKENS and first.tokens_source == "usage"
     assert seen.text  # the reply that streamed, sent back as the assistant's message
-    assert second == expected
+    assert second == expected, f"turn 2 sent {second} prompt tokens; /tokenize of the whole conversation says {expected}"
     # The history is really there: the second prompt is longer than the first with its reply's text.
     assert second > first.prompt_tokens
