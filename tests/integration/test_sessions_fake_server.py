@@ -100,3 +100,6 @@ def test_planner_replay_prints_sessions_and_finds_a_max_in_sessions(tmp_path: Pa
     assert "concurrency counts sessions (users in flight), not requests" in printed
     assert "c=4: sessions in flight 4.0 (peak 4), requests in flight" in " ".join(printed.split())
     assert all(s.sessions is not None and s.sessions.sessions_in_flight_peak == 4 for s in results.steps)
+    report = (out / "report.md").read_text()
+    assert "## Sessions" in report and "| 4 | 4 / 4 |" in report and "TTFT p50 ms by turn (count)" in report
+    assert '<a href="#sessions">Sessions</a>' in (out / "report.html").read_text()
