@@ -72,6 +72,18 @@ def turn_request(turn: CorpusRequest, history: Sequence[dict]) -> TurnRequest:
     return TurnRequest(id=turn.id, messages=[*history, *turn_messages(turn)], max_tokens=turn.max_tokens)
 
 
+def mean_think_per_request_s(sessions: Sequence[Session], think: ThinkTime) -> float:
+    """The mean think time before a turn over the corpus (none before a first turn; the default's
+    mean where a turn has no think_time_s), to size windows by a user's whole cycle."""
+    total = turns = 0.0
+    for session in sessions:
+        for turn in session.turns:
+            turns += 1
+            if turn.turn and turn.turn > 1:
+                total += turn.think_time_s if turn.think_time_s is not None else think.mean_s
+    return total / turns if turns else 0.0
+
+
 class SessionCursor:
     """Hands out sessions in order, wrapping around, shared by every step of a run (as
     replay.step.RequestCursor does for requests): a session cut short by a window's end is not
@@ -153,13 +165,17 @@ class SessionRunner:
                 req = turn_request(turn, history)
                 last = turn is session.turns[-1]
                 keep = not last and turn.assistant is None
+
+                def annotate(rec: RequestRecord, turn: CorpusRequest = turn, prev: RequestRecord | None = previous) -> None:
+                    # Before the step accounts the record, so its observers see the turn.
+                    rec.session_id, rec.turn = session.id, turn.turn
+                    rec.resent_tokens = _resent(prev) if prev is not None else 0
+
                 self.requests.change(self.clock(), +1)
                 try:
-                    rec = await self.send(req, scheduled_s if turn.turn == 1 else None, keep_text=keep)
+                    rec = await self.send(req, scheduled_s if turn.turn == 1 else None, keep_text=keep, annotate=annotate)
                 finally:
                     self.requests.change(self.clock(), -1)
-                rec.session_id, rec.turn = session.id, turn.turn
-                rec.resent_tokens = _resent(previous) if previous is not None else 0
                 if not rec.ok:
                     return
                 reply = turn.assistant if turn.assistant is not None else (rec.output_text or "")

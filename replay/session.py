@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from replay.client import METRICS_CONNECTIONS, StreamingClient
-from replay.conversation import SessionCursor, ThinkTime, turn_request
+from replay.conversation import SessionCursor, ThinkTime, mean_think_per_request_s, turn_request
 from replay.corpus import Corpus
 from replay.eta import search_eta_s
 from replay.errors import ReplayError, StepAborted
@@ -114,6 +114,9 @@ class Replay:
         # A session corpus is replayed session by session: the load counts users (replay.conversation).
         self.cursor = SessionCursor(corpus.sessions) if corpus.sessions is not None else RequestCursor(corpus.requests)
         self.think = ThinkTime(settings.think_time_s, settings.think_time_distribution, settings.seed)
+        self.think_per_request_s = (
+            mean_think_per_request_s(corpus.sessions, self.think) if corpus.sessions is not None else 0.0
+        )
         self.steps: list[StepResult] = []
         # Set when the server is known to be gone: the step running stops sending, its partial
         # result is dropped, and StepAborted is raised.
@@ -129,7 +132,7 @@ class Replay:
                 self.client,
                 self.cursor,
                 load,
-                window or self.settings.window(self.slo),
+                replace(window or self.settings.window(self.slo), think_per_request_s=self.think_per_request_s),
                 requests=self.corpus.requests,
                 sessions=self.corpus.sessions,
                 think=self.think,

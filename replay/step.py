@@ -83,6 +83,9 @@ class Window:
     # Open loop: never more than this many requests in flight; past it, sends are late (and flagged).
     # Requests still running when the window closes are bounded by the client's request time-out.
     max_inflight: int = 4096
+    # Session corpora: the mean think time before a turn (turn 1's none included). A user's cycle
+    # per request is its duration plus this, so a window sized from the warm-up adds it.
+    think_per_request_s: float = 0.0
 
     def warmup_for(self, load: Load) -> int:
         if self.warmup_requests is not None:
@@ -167,7 +170,8 @@ class _Window:
             self.request_duration_s = sum(self.warmup_durations) / len(self.warmup_durations)
         limit = self.settings.max_window_s
         if limit is None and self.request_duration_s is not None:
-            expected = expected_window_s(self.load, self.settings.max_requests or self.settings.min_requests, self.request_duration_s)
+            cycle_s = self.request_duration_s + self.settings.think_per_request_s
+            expected = expected_window_s(self.load, self.settings.max_requests or self.settings.min_requests, cycle_s)
             if expected is not None:
                 limit = max(self.settings.min_window_s, SIZE_FACTOR * expected)
         self.limit_s = limit
@@ -316,9 +320,15 @@ async def run_step(
     finish_times: list[float] = []
     inflight: set[asyncio.Task] = set()
 
-    async def one(req, scheduled_s: float | None, **send_options) -> RequestRecord:
+    async def one(
+        req, scheduled_s: float | None, *, keep_text: bool = False, annotate: Callable[[RequestRecord], None] | None = None
+    ) -> RequestRecord:
         obs.request_sent()
-        rec = await client.send(req, scheduled_s=scheduled_s, **send_options)
+        # keep_text only when asked, so senders of plain corpora need not know it.
+        options = {"keep_text": True} if keep_text else {}
+        rec = await client.send(req, scheduled_s=scheduled_s, **options)
+        if annotate is not None:
+            annotate(rec)
         finish_times.append(rec.end_s)
         if scheduled_s is not None:
             send_lags.append(max(0.0, rec.send_s - scheduled_s))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.conversation import Occupancy, SessionCursor, ThinkTime
+from replay.conversation import Occupancy, SessionCursor, ThinkTime, mean_think_per_request_s
 from replay.corpus import load_corpus
 from replay.errors import CorpusError
 from replay.load import Concurrency, PoissonRate, TraceReplay
@@ -190,3 +190,18 @@ def test_trace_sends_first_turns_at_the_sessions_timestamps(tmp_path):
     # The second turn: the first's 0.1 s, then 0.2 s of reading.
     assert all(seconds[rid.split("#")[0]] - t == pytest.approx(0.3) for t, rid in firsts)
     assert result.window_closed_by == "trace_end" and result.sessions.sessions_completed == 5
+
+
+def test_a_window_sized_from_the_warm_up_counts_the_users_think_time(tmp_path):
+    # Two-turn sessions, 1 s of reading before turn 2: half the turns wait 1 s, so a user's cycle
+    # per request is 0.1 s + 0.5 s. The window's limit must allow for it, or it closes on time
+    # long before its requests (unresolved).
+    sessions = _sessions(tmp_path, 100, think_s=1.0)
+    think = mean_think_per_request_s(sessions, ThinkTime())
+    assert think == pytest.approx(0.5)
+    window = Window(warmup_requests=4, min_requests=40, max_requests=40, max_window_s=None, think_per_request_s=think)
+    sender = SleepySender(latency_s=0.1, ttft_s=0.01)
+    result = virtual_step(sender, sessions, Concurrency(4), window)
+    # 2 x (D + 40 x D / 4) with D = 0.1 + 0.5, the warm-up's mean duration plus the think time.
+    assert result.window_limit_s == pytest.approx(2 * (0.6 + 40 * 0.6 / 4), rel=0.02)
+    assert result.window_closed_by == "requests" and result.requests_ok + result.steady_state_dropped >= 40
