@@ -128,7 +128,7 @@ def sharegpt_session(item: Any, index: int, *, fail) -> dict[str, Any] | None:
     """One conversation line (replay.corpus's session form) from one ShareGPT conversation;
     None when it has no (non-empty) human turn.
 
-    Leading system turns become `system`; each human turn a turn, the gpt turns up to the next
+    System turns become `system` (joined); each human turn a turn, the gpt turns up to the next
     human one its recorded reply (joined by a blank line) and their estimated length its
     max_tokens. Replies before the first human turn have no turn to answer and are left out;
     the conversation ends before an empty human turn (a turn needs text).
