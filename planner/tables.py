@@ -22,7 +22,9 @@ def fmt(value: float | None, digits: int = 0) -> str:
 
 def load_label(step: StepResult) -> str:
     v = step.load.value
-    return {"concurrency": f"c={v:g}", "rate": f"{v:g} req/s", "trace": f"trace x{v:g}"}[step.load.mode]
+    # A session corpus's rate counts session arrivals.
+    rate = f"{v:g} sessions/s" if step.sessions is not None else f"{v:g} req/s"
+    return {"concurrency": f"c={v:g}", "rate": rate, "trace": f"trace x{v:g}"}[step.load.mode]
 
 
 def steps_table(steps: list[StepResult], title: str | None = None) -> Table:
@@ -103,6 +105,9 @@ def replay_summary(results: ReplayResults) -> list[str]:
                 f"knee between {lo if lo is not None else 'none'} (conclusive pass) and {hi if hi is not None else 'none'}"
                 f" (conclusive fail); {'confirmed' if results.confirmed else 'not confirmed'} on fresh prompts"
             )
+    if results.concurrency_unit == "sessions":
+        lines.append("concurrency counts sessions (users in flight), not requests")
+        lines.extend(session_lines(results.steps))
     for s in results.steps:
         if s.client.client_limited:
             lines.append(f"warning: {load_label(s)}: {s.client.note}")
@@ -158,3 +163,25 @@ def sweep_summary(results) -> list[str]:
     if results.interrupted:
         lines.append("the sweep was interrupted; finished points are kept (rerun with --resume)")
     return lines
+
+
+def session_lines(steps) -> list[str]:
+    """A line per step of a session corpus: users against requests in flight, TTFT by turn."""
+    lines = []
+    for s in steps:
+        x = s.sessions
+        if x is None:
+            continue
+        by_turn = ", ".join(
+            f"{k}: {t.ttft_ms.p50:.0f} ms (n={t.count})" for k, t in x.by_turn.items() if t.ttft_ms.p50 is not None
+        )
+        lines.append(
+            f"{load_label(s)}: sessions in flight {_num(x.sessions_in_flight_mean)} (peak {x.sessions_in_flight_peak}),"
+            f" requests in flight {_num(x.requests_in_flight_mean)} (peak {x.requests_in_flight_peak});"
+            f" {x.turns_completed} turns, {x.sessions_completed} sessions completed; TTFT p50 by turn: {by_turn or '-'}"
+        )
+    return lines
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

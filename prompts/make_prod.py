@@ -1,7 +1,9 @@
-"""Generate prompts/prod.jsonl, the sample corpus shipped with the planner.
+"""Generate prompts/prod.jsonl, the sample corpus shipped with the planner, and
+prompts/chat-sessions.jsonl, its multi-turn chat sessions.
 
     python prompts/make_prod.py                  # writes prompts/prod.jsonl
     python prompts/make_prod.py --out DIR/x.jsonl
+    python prompts/make_prod.py --sessions 120   # writes prompts/chat-sessions.jsonl
 
 Deterministic: the same seed and count give the same bytes on every machine and Python >= 3.11
 (only `random.Random` with a fixed seed, no hash-ordered iteration, no clock). Standard library
@@ -988,6 +990,77 @@ def generate(seed: int = SEED, count: int = COUNT, max_total_tokens: int = MAX_T
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Chat sessions: conversations replayed turn by turn (the corpus's conversation form), whose
+# long system prompts are shared across sessions, as an application's are.
+
+SESSIONS_SEED = 20261203
+SESSIONS_COUNT = 120
+# Sessions start at this rate (Poisson); each user reads a reply for a lognormal think time.
+SESSION_RATE_PER_S = 0.5
+THINK_MEDIAN_S, THINK_SIGMA = 6.0, 0.6
+# Turns per session: 1 + a geometric count (mean 1 / TURN_STOP turns in all), at most MAX_TURNS.
+TURN_STOP, MAX_TURNS = 0.3, 8
+APPS = ["a travel booking site", "a home-cooking app", "a fitness coaching service", "a personal finance app",
+        "a careers platform", "a computer help desk", "a language learning app", "a garden centre"]
+HOUSE_RULES = [
+    "Answer in plain language and keep replies short unless the user asks for detail.",
+    "Never invent prices, opening hours or availability; say when you do not know.",
+    "Do not give medical, legal or tax advice beyond general information; suggest a professional.",
+    "If a request is ambiguous, ask one clarifying question before answering.",
+    "Refuse politely anything unsafe or unrelated to the service, and offer what you can do instead.",
+    "Use the metric system unless the user uses other units.",
+    "When you list steps, number them and keep each to one sentence.",
+    "Mention the help centre when the user reports a problem with their account.",
+]
+
+
+def shared_system_prompts(rng: random.Random, prose: Prose) -> list[str]:
+    """One long system prompt per application: its role, house rules and background notes."""
+    prompts = []
+    for app in APPS:
+        d = prose.domain()
+        rules = rng.sample(HOUSE_RULES, len(HOUSE_RULES))
+        notes = " ".join(prose.paragraph(d) for _ in range(rng.randrange(2, 5)))
+        prompts.append(
+            f"You are the assistant of {app}. " + " ".join(rules) + "\n\nBackground notes for context:\n" + notes
+        )
+    return prompts
+
+
+def chat_session(rng: random.Random, system: str, index: int, t_s: float) -> dict:
+    """One conversation line: a topic's opening question, follow-ups, recorded replies."""
+    topic = rng.choice(CHAT_TOPICS)
+    fmt = {"city": rng.choice(CITIES), "month": rng.choice(MONTHS), "n": rng.randrange(3, 12),
+           "weekday": rng.choice(WEEKDAYS)}
+    n_turns = 1
+    while n_turns < MAX_TURNS and rng.random() > TURN_STOP:
+        n_turns += 1
+    follow_ups = rng.sample(FOLLOW_UPS, len(FOLLOW_UPS))
+    turns = []
+    for k in range(n_turns):
+        user = rng.choice(topic["ask"]).format(**fmt) if k == 0 else follow_ups.pop().format(n=rng.randrange(2, 8))
+        advice = rng.sample(topic["advice"], min(len(topic["advice"]), rng.randrange(2, 6)))
+        frames = rng.sample(ADVICE_FRAMES, len(advice))
+        reply = " ".join([rng.choice(CHAT_OPENERS)] + [f.format(a=a) for f, a in zip(frames, advice)])
+        turn: dict = {"user": user, "assistant": reply, "max_tokens": estimate_tokens(reply)}
+        if k:
+            turn["think_time_s"] = round(rng.lognormvariate(math.log(THINK_MEDIAN_S), THINK_SIGMA), 2)
+        turns.append(turn)
+    return {"id": f"chat-{index:04d}", "system": system, "timestamp_s": round(t_s, 3), "conversation": turns}
+
+
+def generate_sessions(seed: int = SESSIONS_SEED, count: int = SESSIONS_COUNT) -> list[dict]:
+    rng = random.Random(seed)
+    systems = shared_system_prompts(rng, Prose(rng))
+    out = []
+    t_s = 0.0
+    for i in range(count):
+        out.append(chat_session(rng, rng.choice(systems), i, t_s))
+        t_s += rng.expovariate(SESSION_RATE_PER_S)
+    return out
+
+
 def write_jsonl(records: list[dict], out: Path) -> None:
     """Write atomically, so an interrupted run never leaves a half corpus behind."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -1006,9 +1079,12 @@ def write_jsonl(records: list[dict], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Generate the planner's sample corpus (deterministic).")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "prod.jsonl",
-                        help="output JSONL file (default: prod.jsonl next to this script)")
-    parser.add_argument("--seed", type=int, default=SEED, help=f"random seed (default {SEED})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output JSONL file (default: prod.jsonl, or chat-sessions.jsonl, next to this script)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help=f"random seed (default {SEED}; with --sessions {SESSIONS_SEED})")
+    parser.add_argument("--sessions", type=int, default=None, metavar="N",
+                        help="write N multi-turn chat sessions (conversation lines) instead of requests")
     parser.add_argument("--count", type=int, default=COUNT, help=f"number of requests (default {COUNT})")
     parser.add_argument(
         "--max-total-tokens",
@@ -1021,9 +1097,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--count must be >= 1, got {args.count}")
     if args.max_total_tokens < 8 * MIN_MAX_TOKENS:
         parser.error(f"--max-total-tokens must be >= {8 * MIN_MAX_TOKENS}, got {args.max_total_tokens}")
-    records = generate(args.seed, args.count, args.max_total_tokens)
-    write_jsonl(records, args.out)
-    print(f"wrote {len(records)} requests to {args.out}")
+    here = Path(__file__).resolve().parent
+    if args.sessions is not None:
+        if args.sessions < 1:
+            parser.error(f"--sessions must be >= 1, got {args.sessions}")
+        records = generate_sessions(SESSIONS_SEED if args.seed is None else args.seed, args.sessions)
+        out = args.out or here / "chat-sessions.jsonl"
+        write_jsonl(records, out)
+        print(f"wrote {len(records)} sessions to {out}")
+        return 0
+    records = generate(SEED if args.seed is None else args.seed, args.count, args.max_total_tokens)
+    out = args.out or here / "prod.jsonl"
+    write_jsonl(records, out)
+    print(f"wrote {len(records)} requests to {out}")
     return 0
 
 

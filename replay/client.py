@@ -195,13 +195,17 @@ class StreamingClient:
         payload["stream_options"] = {"include_usage": True}
         return path, payload
 
-    async def send(self, request: CorpusRequestLike, *, scheduled_s: float | None = None) -> RequestRecord:
-        """Stream one request; failures are recorded in the record, never raised (but cancels are)."""
+    async def send(
+        self, request: CorpusRequestLike, *, scheduled_s: float | None = None, keep_text: bool = False
+    ) -> RequestRecord:
+        """Stream one request; failures are recorded in the record, never raised (but cancels are).
+
+        keep_text: keep the streamed reply's text in `output_text` (a session's history needs it)."""
         path, payload = self.build_payload(request)
         rec = RequestRecord(request_id=str(request.id), send_s=time.perf_counter(), end_s=0.0, scheduled_s=scheduled_s)
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                await self._stream(path, payload, rec, chat=path == CHAT_PATH)
+                await self._stream(path, payload, rec, chat=path == CHAT_PATH, keep_text=keep_text)
         except TimeoutError:
             _fail(rec, "timeout", f"no complete answer within request_timeout_s={self.request_timeout_s:g}")
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -212,7 +216,9 @@ class StreamingClient:
             _fail(rec, "broken_stream", f"{type(exc).__name__}: {_exc_text(exc)}")
         return rec
 
-    async def _stream(self, path: str, payload: dict[str, Any], rec: RequestRecord, *, chat: bool) -> None:
+    async def _stream(
+        self, path: str, payload: dict[str, Any], rec: RequestRecord, *, chat: bool, keep_text: bool = False
+    ) -> None:
         req = self.http.build_request("POST", path, json=payload)
         perf_counter = time.perf_counter
         rec.send_s = perf_counter()
@@ -236,6 +242,7 @@ class StreamingClient:
             token_times = rec.token_times_s
             usage: dict[str, Any] | None = None
             done_s: float | None = None
+            texts: list[str] | None = [] if keep_text else None
             async for raw in chunks:  # type: ignore[union-attr]
                 now = perf_counter()
                 for data in parser.feed(raw):
@@ -272,6 +279,11 @@ class StreamingClient:
                             content = choice.get("text")
                         if content:
                             token_times.append(now)
+                            if texts is not None:
+                                # The reply as history: its content, not a reasoning model's thinking.
+                                text = delta.get("content") if chat else content
+                                if text:
+                                    texts.append(text)
                     u = obj.get("usage")
                     if u:
                         usage = u
@@ -281,6 +293,8 @@ class StreamingClient:
                 _fail(rec, "broken_stream", "the stream ended without data: [DONE]")
                 return
             rec.end_s = done_s
+            if texts is not None:
+                rec.output_text = "".join(texts)
         finally:
             await resp.aclose()
         if token_times:

@@ -28,6 +28,13 @@ class RequestRecord:
     error_detail: str | None = None
     # Open-loop loads: when the schedule said this request should have been sent.
     scheduled_s: float | None = None
+    # Session turns only: the streamed reply's text (when asked for, to carry as history), the
+    # session and turn number, and the tokens of history this turn resent (the previous turn's
+    # prompt and completion tokens, from the server's usage).
+    output_text: str | None = None
+    session_id: str | None = None
+    turn: int | None = None
+    resent_tokens: int | None = None
 
     @property
     def ok(self) -> bool:

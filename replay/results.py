@@ -125,6 +125,35 @@ class ClientSummary(_Model):
     itl_burst_gaps: int = 0
 
 
+class TurnLatency(_Model):
+    """One turn number's figures over a step's measured session turns."""
+
+    count: int
+    ttft_ms: LatencySummary
+    e2e_ms: LatencySummary
+    # Mean prompt tokens sent at this turn (the server's usage), and of them the history resent
+    # (the previous turn's prompt plus its output); null where the server sent no usage.
+    prompt_tokens_mean: float | None = None
+    resent_tokens_mean: float | None = None
+
+
+class SessionSummary(_Model):
+    """A session corpus's step: users (sessions in flight) against requests in flight, both
+    time-weighted over the window, and what completed inside it."""
+
+    sessions_in_flight_mean: float | None = None
+    sessions_in_flight_peak: int | None = None
+    requests_in_flight_mean: float | None = None
+    requests_in_flight_peak: int | None = None
+    sessions_started: int = 0
+    sessions_completed: int = 0
+    turns_completed: int = 0
+    # Keyed by turn number ("1", "2", ...): the cost of a growing context.
+    by_turn: dict[str, TurnLatency] = Field(default_factory=dict)
+    # Prompt tokens that were history resent, over the window's completed turns (null: no usage).
+    resent_tokens: int | None = None
+
+
 class StepResult(_Model):
     load: LoadSpec
     started_at: str
@@ -175,6 +204,9 @@ class StepResult(_Model):
     request_duration_s: float | None = None
     # Filled in by planner sweep: peak used memory per GPU during the step.
     gpu_memory_peak_mib: dict[str, float] | None = None
+    # Session corpora only: the load's value counts sessions (users); this says how they mapped
+    # to requests in flight, and the per-turn figures. Absent for plain corpora and older files.
+    sessions: SessionSummary | None = None
 
 
 class CorpusInfo(_Model):
@@ -182,6 +214,8 @@ class CorpusInfo(_Model):
     sha256: str
     requests: int
     skipped_invalid: int = 0
+    # Session corpora: how many sessions the requests (turns) make up; absent otherwise.
+    sessions: int | None = None
 
 
 class ReplayResults(_Model):
@@ -197,6 +231,8 @@ class ReplayResults(_Model):
     identity: Identity | None = None
     steps: list[StepResult] = Field(default_factory=list)
     find_max: bool = False
+    # What the concurrencies count: "sessions" (users) for a session corpus; absent: requests.
+    concurrency_unit: Literal["requests", "sessions"] | None = None
     max_passing_concurrency: int | None = None
     min_failing_concurrency: int | None = None
     binding_constraint: str | None = None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from replay.client import METRICS_CONNECTIONS, StreamingClient
+from replay.conversation import SessionCursor, ThinkTime, mean_think_per_request_s, turn_request
 from replay.corpus import Corpus
 from replay.eta import search_eta_s
 from replay.errors import ReplayError, StepAborted
@@ -110,7 +111,12 @@ class Replay:
         self.observer = observer
         self.on_step = on_step
         self.step_monitor = step_monitor
-        self.cursor = RequestCursor(corpus.requests)
+        # A session corpus is replayed session by session: the load counts users (replay.conversation).
+        self.cursor = SessionCursor(corpus.sessions) if corpus.sessions is not None else RequestCursor(corpus.requests)
+        self.think = ThinkTime(settings.think_time_s, settings.think_time_distribution, settings.seed)
+        self.think_per_request_s = (
+            mean_think_per_request_s(corpus.sessions, self.think) if corpus.sessions is not None else 0.0
+        )
         self.steps: list[StepResult] = []
         # Set when the server is known to be gone: the step running stops sending, its partial
         # result is dropped, and StepAborted is raised.
@@ -126,8 +132,10 @@ class Replay:
                 self.client,
                 self.cursor,
                 load,
-                window or self.settings.window(self.slo),
+                replace(window or self.settings.window(self.slo), think_per_request_s=self.think_per_request_s),
                 requests=self.corpus.requests,
+                sessions=self.corpus.sessions,
+                think=self.think,
                 scraper=scraper,
                 observer=self.observer,
                 slo=self.slo,
@@ -205,7 +213,11 @@ async def search_start(replay: Replay, settings: ReplaySettings) -> tuple[int, s
         return settings.start_concurrency, "start_concurrency"
     if settings.max_concurrency is not None:
         return settings.max_concurrency, "max_concurrency"
-    probe = await saturation_probe(replay.client, replay.cursor, settings.saturation_requests)
+    cursor = replay.cursor
+    if replay.corpus.sessions is not None:
+        # A session corpus probes with first turns: a burst of sessions' opening requests.
+        cursor = RequestCursor([turn_request(s.turns[0], []) for s in replay.corpus.sessions])
+    probe = await saturation_probe(replay.client, cursor, settings.saturation_requests)
     return first_probe(probe, replay.slo)
 
 
@@ -222,7 +234,11 @@ def served_model_files(identity: Identity, served: str) -> Identity:
 
 def _corpus_info(corpus: Corpus) -> CorpusInfo:
     return CorpusInfo(
-        path=str(corpus.path), sha256=corpus.sha256, requests=len(corpus), skipped_invalid=corpus.skipped_invalid
+        path=str(corpus.path),
+        sha256=corpus.sha256,
+        requests=len(corpus),
+        skipped_invalid=corpus.skipped_invalid,
+        sessions=None if corpus.sessions is None else len(corpus.sessions),
     )
 
 
@@ -245,7 +261,12 @@ async def run_replay(
     loads = planned_loads(settings)
     if not loads and not settings.find_max:
         raise ReplayError("nothing to run: give --concurrency, --rate, --trace or --find-max")
-    if settings.trace and not all(r.timestamp_s is not None for r in corpus.requests):
+    if settings.trace and not corpus.has_timestamps:
+        if corpus.sessions is not None:
+            missing = next(s.turns[0] for s in corpus.sessions if s.timestamp_s is None)
+            raise ReplayError(
+                f"--trace needs timestamp_s on every session's first turn; {corpus.path}:{missing.line} has none"
+            )
         missing = next(r for r in corpus.requests if r.timestamp_s is None)
         raise ReplayError(
             f"--trace needs timestamp_s on every corpus line; {corpus.path}:{missing.line} has none"
@@ -286,6 +307,7 @@ async def run_replay(
                 }
             ),
             find_max=settings.find_max,
+            concurrency_unit="sessions" if corpus.sessions is not None else None,
         )
 
         def save(_: StepResult | None = None) -> None:

@@ -25,6 +25,10 @@ class ReplaySettings(BaseModel):
     trace: bool = False
     trace_speed: float = Field(default=1.0, gt=0)
     seed: int = 0
+    # Session corpora: the user's reading time before a turn whose line has no think_time_s,
+    # its mean in seconds and its distribution (replay.conversation.ThinkTime).
+    think_time_s: float = Field(default=0.0, ge=0)
+    think_time_distribution: Literal["fixed", "exponential"] = "exponential"
     # Measurement windows (see replay.step).
     warmup_requests: int | None = Field(default=None, ge=0)
     warmup_s: float = Field(default=0.0, ge=0)

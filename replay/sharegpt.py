@@ -1,6 +1,11 @@
-"""ShareGPT dumps (a JSON list or JSONL of conversations) as a planner corpus: one request per
-conversation, its turns up to the last human one as chat messages, optionally with max_tokens
-estimated from the reply that followed."""
+"""ShareGPT dumps (a JSON list or JSONL of conversations) as a planner corpus.
+
+As sessions (`convert_sharegpt_sessions`, `planner prompts sharegpt`): one conversation line per
+conversation, every human turn a turn, the gpt reply that followed it as the turn's recorded
+`assistant` text and its estimated length as `max_tokens`. As single requests
+(`convert_sharegpt`, `planner prompts convert --from sharegpt`, `planner prompts sharegpt
+--single-request`): one request per conversation, its turns up to the last human one as chat
+messages, optionally with max_tokens estimated from the reply that followed."""
 
 from __future__ import annotations
 
@@ -69,11 +74,8 @@ def _sharegpt_items(path: Path) -> Iterator[tuple[int | None, str, Any]]:
             yield lineno, "", item
 
 
-def sharegpt_request(item: Any, index: int, *, max_tokens_from_reply: bool, fail) -> dict[str, Any] | None:
-    """One planner request from one ShareGPT conversation; None when it has no human turn.
-
-    fail(message) builds the CorpusError that names the conversation's place in the file.
-    """
+def _messages(item: Any, fail) -> list[dict[str, str]]:
+    """A ShareGPT conversation's turns as chat messages (speakers mapped to roles)."""
     if not isinstance(item, dict):
         raise fail(f"expected a conversation object, found {_json_kind(item)}")
     key = next((k for k in TURN_KEYS if k in item), None)
@@ -94,6 +96,21 @@ def sharegpt_request(item: Any, index: int, *, max_tokens_from_reply: bool, fail
         if not isinstance(text, str):
             raise fail(f"{key}[{t}] has no text; a turn needs a string 'value' (or 'content')")
         messages.append({"role": role, "content": text})
+    return messages
+
+
+def _conversation_id(item: dict, index: int) -> str:
+    raw_id = item.get("id")
+    valid_id = isinstance(raw_id, str | int) and not isinstance(raw_id, bool) and raw_id != ""
+    return str(raw_id) if valid_id else f"sharegpt-{index}"
+
+
+def sharegpt_request(item: Any, index: int, *, max_tokens_from_reply: bool, fail) -> dict[str, Any] | None:
+    """One planner request from one ShareGPT conversation; None when it has no human turn.
+
+    fail(message) builds the CorpusError that names the conversation's place in the file.
+    """
+    messages = _messages(item, fail)
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
     if last_user is None:
         return None
@@ -107,6 +124,51 @@ def sharegpt_request(item: Any, index: int, *, max_tokens_from_reply: bool, fail
     return req
 
 
+def sharegpt_session(item: Any, index: int, *, fail) -> dict[str, Any] | None:
+    """One conversation line (replay.corpus's session form) from one ShareGPT conversation;
+    None when it has no (non-empty) human turn.
+
+    System turns become `system` (joined); each human turn a turn, the gpt turns up to the next
+    human one its recorded reply (joined by a blank line) and their estimated length its
+    max_tokens. Replies before the first human turn have no turn to answer and are left out;
+    the conversation ends before an empty human turn (a turn needs text).
+    """
+    messages = _messages(item, fail)
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    turns: list[dict[str, Any]] = []
+    replies: list[str] = []
+
+    def close_turn() -> None:
+        if turns and replies:
+            reply = "\n\n".join(replies)
+            turns[-1]["assistant"] = reply
+            if reply:
+                turns[-1]["max_tokens"] = estimate_tokens(reply)
+        replies.clear()
+
+    for m in messages:
+        if m["role"] == "user":
+            if not m["content"]:
+                break
+            close_turn()
+            turns.append({"user": m["content"]})
+        elif m["role"] == "assistant" and turns:
+            replies.append(m["content"])
+    close_turn()
+    if not turns:
+        return None
+    line: dict[str, Any] = {"id": _conversation_id(item, index)}
+    if system:
+        line["system"] = "\n\n".join(system)
+    line["conversation"] = turns
+    return line
+
+
+def convert_sharegpt_sessions(src: Path, dst: Path) -> ConvertResult:
+    """Write one conversation line per ShareGPT conversation; OUT appears whole or not at all."""
+    return _convert(src, dst, lambda item, index, fail: sharegpt_session(item, index, fail=fail))
+
+
 def _json_kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), "a number"
@@ -115,6 +177,12 @@ def _json_kind(value: Any) -> str:
 
 def convert_sharegpt(src: Path, dst: Path, *, max_tokens_from_reply: bool = False) -> ConvertResult:
     """Write the planner JSONL for a ShareGPT file; OUT appears whole or not at all."""
+    return _convert(
+        src, dst, lambda item, index, fail: sharegpt_request(item, index, max_tokens_from_reply=max_tokens_from_reply, fail=fail)
+    )
+
+
+def _convert(src: Path, dst: Path, line_of) -> ConvertResult:
     converted = skipped = 0
     try:
         with atomic_text(dst, newline="\n") as out:
@@ -123,7 +191,7 @@ def convert_sharegpt(src: Path, dst: Path, *, max_tokens_from_reply: bool = Fals
                 def fail(message: str, line: int | None = line, label: str = label) -> CorpusError:
                     return CorpusError(label + message, path=str(src), line=line)
 
-                req = sharegpt_request(item, index, max_tokens_from_reply=max_tokens_from_reply, fail=fail)
+                req = line_of(item, index, fail)
                 if req is None:
                     skipped += 1
                     continue

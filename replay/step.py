@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+from replay.conversation import SessionRunner, ThinkTime
 from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
 from replay.observer import Observers, ReplayObserver
@@ -47,7 +48,7 @@ from replay.records import RequestRecord
 from replay.results import ClientSummary, ServerSummary, StepResult, updated
 from replay.server_metrics import MetricsScraper
 from replay.server_metrics import summarize as summarize_server
-from replay.summary import build_result, client_summary, latency_samples
+from replay.summary import build_result, client_summary, latency_samples, steady_records
 
 LOOP_TICK_S = 0.01
 # An inconclusive window is judged again once it has this many times the requests it had.
@@ -61,6 +62,7 @@ SIZE_FACTOR = 2.0
 
 
 class Sender(Protocol):
+    # Session turns also pass keep_text=True (keep the reply's text for the history).
     async def send(self, request, *, scheduled_s: float | None = None) -> RequestRecord: ...
 
 
@@ -81,6 +83,9 @@ class Window:
     # Open loop: never more than this many requests in flight; past it, sends are late (and flagged).
     # Requests still running when the window closes are bounded by the client's request time-out.
     max_inflight: int = 4096
+    # Session corpora: the mean think time before a turn (turn 1's none included). A user's cycle
+    # per request is its duration plus this, so a window sized from the warm-up adds it.
+    think_per_request_s: float = 0.0
 
     def warmup_for(self, load: Load) -> int:
         if self.warmup_requests is not None:
@@ -165,7 +170,8 @@ class _Window:
             self.request_duration_s = sum(self.warmup_durations) / len(self.warmup_durations)
         limit = self.settings.max_window_s
         if limit is None and self.request_duration_s is not None:
-            expected = expected_window_s(self.load, self.settings.max_requests or self.settings.min_requests, self.request_duration_s)
+            cycle_s = self.request_duration_s + self.settings.think_per_request_s
+            expected = expected_window_s(self.load, self.settings.max_requests or self.settings.min_requests, cycle_s)
             if expected is not None:
                 limit = max(self.settings.min_window_s, SIZE_FACTOR * expected)
         self.limit_s = limit
@@ -259,6 +265,8 @@ async def run_step(
     window: Window,
     *,
     requests: Sequence | None = None,
+    sessions: Sequence | None = None,
+    think: ThinkTime | None = None,
     scraper: MetricsScraper | None = None,
     observer: ReplayObserver | None = None,
     slo: dict[str, float] | None = None,
@@ -267,6 +275,9 @@ async def run_step(
     clock: Callable[[], float] = time.perf_counter,
 ) -> StepResult:
     """Run one step and return its result. `requests` is the corpus (trace replay needs it whole).
+
+    With `sessions` (a session corpus's replay.corpus.Session list), the cursor hands out
+    sessions, the load counts sessions (replay.conversation), and `think` sets the think times.
 
     Setting `abort` stops sending at once and closes the window; requests in flight end by
     themselves (they are not cancelled: cancelling a connect midway leaks its socket).
@@ -309,18 +320,31 @@ async def run_step(
     finish_times: list[float] = []
     inflight: set[asyncio.Task] = set()
 
-    async def one(req, scheduled_s: float | None) -> None:
+    async def one(
+        req, scheduled_s: float | None, *, keep_text: bool = False, annotate: Callable[[RequestRecord], None] | None = None
+    ) -> RequestRecord:
         obs.request_sent()
-        rec = await client.send(req, scheduled_s=scheduled_s)
+        # keep_text only when asked, so senders of plain corpora need not know it.
+        options = {"keep_text": True} if keep_text else {}
+        rec = await client.send(req, scheduled_s=scheduled_s, **options)
+        if annotate is not None:
+            annotate(rec)
         finish_times.append(rec.end_s)
         if scheduled_s is not None:
             send_lags.append(max(0.0, rec.send_s - scheduled_s))
         obs.request_finished(rec, measured=state.finish(rec))
+        return rec
+
+    runner = (
+        SessionRunner(one, think or ThinkTime(), stop_sending, clock) if sessions is not None else None
+    )
+    # What one arrival starts: a request, or a session's whole conversation.
+    start = one if runner is None else runner.run
 
     async def closed_loop(n: int) -> None:
         async def worker() -> None:
             while not stop_sending.is_set():
-                await one(cursor.next(), None)
+                await start(cursor.next(), None)
 
         # A TaskGroup: should one worker fail, the others stop with it instead of sending on.
         async with asyncio.TaskGroup() as group:
@@ -341,7 +365,7 @@ async def run_step(
                 except TimeoutError:
                     pass
             await slots.acquire()
-            task = asyncio.create_task(one(req, t0 + offset))
+            task = asyncio.create_task(start(req, t0 + offset))
             inflight.add(task)
             task.add_done_callback(lambda t: (inflight.discard(t), slots.release()))
         # A finite trace ends the window when it runs out.
@@ -378,10 +402,11 @@ async def run_step(
             case PoissonRate(rate_per_s=rate, seed=seed):
                 await open_loop((offset, cursor.next()) for offset in poisson_offsets(rate, seed))
             case TraceReplay(speed=speed):
-                if requests is None:
+                arrivals = sessions if sessions is not None else requests
+                if arrivals is None:
                     raise ValueError("trace replay needs the corpus")
-                stamps = [r.timestamp_s for r in requests]
-                await open_loop((off, requests[i]) for off, i in trace_offsets(stamps, speed))
+                stamps = [r.timestamp_s for r in arrivals]
+                await open_loop((off, arrivals[i]) for off, i in trace_offsets(stamps, speed))
     finally:
         stop_sending.set()
         lag_stop.set()
@@ -427,6 +452,11 @@ async def run_step(
         window_limit_s=None if state.limit_s is None else round(state.limit_s, 3),
         request_duration_s=None if state.request_duration_s is None else round(state.request_duration_s, 4),
     )
+    if runner is not None:
+        measured = steady_records(state.measured, spec)[0]
+        result = updated(
+            result, sessions=runner.summary(measured, state.finished_inside, state.open_s, state.close_s)
+        )
     if slo is not None:
         rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(state.measured, spec))
         verdict = slo_mod.step_verdict(rule_verdicts)

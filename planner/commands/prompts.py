@@ -1,9 +1,12 @@
-"""`planner prompts`: look at a corpus before replaying it, and convert ShareGPT dumps into one.
+"""`planner prompts`: look at a corpus before replaying it, and convert ShareGPT dumps, chat logs and
+Mooncake traces into one.
 
     planner prompts stats FILE [--url URL] [--block-size N] [--kv-blocks N]
                                                counts, token-length percentiles, prefix sharing
     planner prompts convert --from sharegpt IN OUT [--max-tokens-from-reply]
     planner prompts mooncake IN OUT [--block-size 512]   a Mooncake trace, its traced blocks shared
+    planner prompts sharegpt IN OUT [--single-request [--max-tokens-from-reply]]
+    planner prompts chatlog IN OUT
 
 Without --url, input lengths are an estimate (replay.lengths.ESTIMATE_RULE) and every output
 says so; with --url they are the server's own /tokenize counts, chat template included. The work
@@ -18,19 +21,19 @@ import json
 from pathlib import Path
 
 from planner.cliargs import env_default
-from replay.corpus import load_corpus, request_text
 from planner.sweep.bound import VLLM_DEFAULT_MAX_TOKENS, concurrency_upper_bound, prefix_aware_bound, request_blocks
 from planner.vllm_log import cache_config_labels
+from replay.chatlog import group_chat_log
+from replay.corpus import load_corpus, request_text
 from replay.corpus_stats import corpus_stats, render_stats, server_prompt_blocks
 from replay.lengths import ESTIMATE_RULE
 from replay.mooncake import MOONCAKE_BLOCK_SIZE, convert_mooncake
 from replay.prefix_cache import block_hashes, estimate_token_ids, sharing
+from replay.sharegpt import convert_sharegpt, convert_sharegpt_sessions
 
 # vLLM's default block size on GPUs (the CPU build uses 128); used when neither the flag nor a
 # server says.
 DEFAULT_BLOCK_SIZE = 16
-from replay.sharegpt import convert_sharegpt
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -106,6 +109,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"tokens per hash id in the trace (default {MOONCAKE_BLOCK_SIZE}, as in Mooncake's traces)",
     )
     mc.set_defaults(run=run_mooncake)
+
+    sg = psub.add_parser(
+        "sharegpt",
+        help="ShareGPT conversations as sessions (every human turn a turn)",
+        description="Convert ShareGPT-style conversations to the planner's session form: one conversation line each,"
+        " every human turn a turn, the gpt reply after it as its recorded assistant text and (estimated,"
+        f" {ESTIMATE_RULE}) max_tokens. --single-request writes the older form instead: one messages request per"
+        " conversation, ending at its last human turn (as `convert --from sharegpt`).",
+    )
+    _in_out(sg, "ShareGPT JSON or JSONL file")
+    sg.add_argument("--single-request", action="store_true", help="one request per conversation instead of a session")
+    sg.add_argument(
+        "--max-tokens-from-reply",
+        action="store_true",
+        help="with --single-request: set max_tokens from the reply that followed (sessions always do)",
+    )
+    sg.set_defaults(run=run_sharegpt)
+
+    cl = psub.add_parser(
+        "chatlog",
+        help="group an OpenAI-style chat log into sessions",
+        description="Group a chat log (JSONL of logged chat requests, {\"messages\": [...]} each, optional max_tokens"
+        " and timestamp_s) into sessions: a request whose messages repeat an earlier one's and its reply is that"
+        " conversation's next turn. Writes session turn lines (session_id, turn, the new messages, the recorded reply).",
+    )
+    _in_out(cl, "chat log JSONL")
+    cl.set_defaults(run=run_chatlog)
+
+
+def _in_out(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("input", type=Path, metavar="IN", help=what)
+    parser.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
 
 
 def run_stats(args: argparse.Namespace) -> int:
@@ -214,4 +249,25 @@ def run_convert(args: argparse.Namespace) -> int:
         f"converted {result.converted} conversations to {args.output};"
         f" skipped {result.skipped_no_human} with no human turn"
     )
+    return 0
+
+
+def run_sharegpt(args: argparse.Namespace) -> int:
+    from planner.errors import ConfigError
+
+    if args.single_request:
+        return run_convert(args)
+    if args.max_tokens_from_reply:
+        raise ConfigError("--max-tokens-from-reply goes with --single-request; sessions always take max_tokens from the replies")
+    result = convert_sharegpt_sessions(args.input, args.output)
+    print(
+        f"converted {result.converted} conversations to sessions in {args.output};"
+        f" skipped {result.skipped_no_human} with no human turn"
+    )
+    return 0
+
+
+def run_chatlog(args: argparse.Namespace) -> int:
+    result = group_chat_log(args.input, args.output)
+    print(f"grouped {result.lines} logged requests into {result.sessions} sessions ({result.turns} turns) in {args.output}")
     return 0

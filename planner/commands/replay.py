@@ -35,11 +35,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api", choices=["completions", "chat"], default="completions", help="endpoint (default completions)")
     p.add_argument("--api-key", default=env_default("PLANNER_API_KEY"), help="sent as a Bearer token (env PLANNER_API_KEY)")
     load = p.add_argument_group("loads (run in this order)")
-    load.add_argument("--concurrency", type=comma_list(int, "integers"), default=[], metavar="N[,N...]", help="closed-loop: N requests in flight")
-    load.add_argument("--rate", type=comma_list(float, "numbers"), default=[], metavar="R[,R...]", help="open-loop Poisson arrivals, requests/s")
+    load.add_argument(
+        "--concurrency", type=comma_list(int, "integers"), default=[], metavar="N[,N...]",
+        help="closed-loop: N requests in flight (session corpora: N sessions, users, in flight)",
+    )
+    load.add_argument(
+        "--rate", type=comma_list(float, "numbers"), default=[], metavar="R[,R...]",
+        help="open-loop Poisson arrivals, requests/s (session corpora: sessions/s)",
+    )
     load.add_argument("--trace", action="store_true", help="replay the corpus's timestamp_s arrivals")
     load.add_argument("--speed", type=float, default=1.0, help="trace speed factor (default 1.0)")
-    load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules (saved in the results)")
+    load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules and think times (saved in the results)")
+    load.add_argument(
+        "--think-time-s", type=float, default=0.0,
+        help="session corpora: mean seconds a user reads before a turn whose line has no think_time_s (default 0)",
+    )
+    load.add_argument(
+        "--think-time-distribution", choices=["fixed", "exponential"], default="exponential",
+        help="how those think times are drawn around the mean (default exponential, seeded)",
+    )
     load.add_argument("--find-max", action="store_true", help="search the highest concurrency that passes every SLO")
     load.add_argument(
         "--start-concurrency", type=int, default=None,
@@ -107,6 +121,8 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
             trace=args.trace,
             trace_speed=args.speed,
             seed=args.seed,
+            think_time_s=args.think_time_s,
+            think_time_distribution=args.think_time_distribution,
             warmup_requests=args.warmup_requests,
             warmup_s=args.warmup_s,
             min_requests=args.min_requests,

@@ -96,6 +96,7 @@ SECTION_TITLES = {
     "failures": "Failures",
     "measured_vs_estimated": "Measured vs estimated",
     "steps": "Steps",
+    "sessions": "Sessions",
     "server": "Server view",
 }
 

@@ -364,6 +364,42 @@ def _steps_section(data: ReportData) -> list[str]:
     return out if len(out) > 2 else []
 
 
+def _sessions_section(data: ReportData) -> list[str]:
+    """Session corpora: users against requests in flight, and TTFT by turn number."""
+    shown = [p for p in data.points if any(s.sessions is not None for s in p.steps)]
+    if not shown:
+        return []
+    out = [
+        "## Sessions",
+        "",
+        "The corpus holds conversations: each load counts sessions (users), each turn resends the history "
+        "after the user's think time. In flight: time-weighted over the window. TTFT p50 by turn number "
+        "(count) shows what a growing context costs.",
+        "",
+    ]
+    for p in shown:
+        if data.kind == "sweep":
+            out += [f"### `{p.id}`", ""]
+        rows = []
+        for s in p.steps:
+            x = s.sessions
+            if x is None:
+                continue
+            by_turn = "; ".join(f"{k}: {num(t.ttft_ms.p50)} ({t.count})" for k, t in x.by_turn.items())
+            rows.append((
+                num(s.load.value, 2),
+                f"{num(x.sessions_in_flight_mean)} / {num(x.sessions_in_flight_peak, 0)}",
+                f"{num(x.requests_in_flight_mean)} / {num(x.requests_in_flight_peak, 0)}",
+                num(x.turns_completed, 0),
+                num(x.sessions_completed, 0),
+                num(x.resent_tokens, 0),
+                by_turn or DASH,
+            ))
+        out += table(["load", "sessions in flight mean / peak", "requests in flight mean / peak", "turns done",
+                      "sessions done", "tokens resent", "TTFT p50 ms by turn (count)"], rows)
+    return out
+
+
 def _bucketed(lat: ServerLatency | None, stat: str) -> str:
     """A histogram quantile with the bucket it fell in: its resolution."""
     value = getattr(lat, stat) if lat is not None else None
@@ -466,7 +502,7 @@ def sections(data: ReportData, plan: FleetPlan | None) -> list[tuple[str, list[s
         parts += [("points", _points_section(data)), ("gpu_models", _gpu_models_section(data)),
                   ("nodes", _nodes_section(data)), ("failures", _failures_section(data))]
     parts += [("measured_vs_estimated", _measured_vs_estimated(data)), ("steps", _steps_section(data)),
-              ("server", _server_section(data))]
+              ("sessions", _sessions_section(data)), ("server", _server_section(data))]
     return [(key, lines) for key, lines in parts if lines]
 
 

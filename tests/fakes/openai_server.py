@@ -360,6 +360,8 @@ class FakeServer:
         self.stats = ServerStats()
         # The last completion request as received, for tests that check what the client sent.
         self.last_json: dict[str, Any] | None = None
+        # Every completion request as received, with its arrival (loop time), when a test sets a list here.
+        self.received: list[tuple[float, dict[str, Any]]] | None = None
         self.last_headers: dict[str, str] = {}
         self._rng = random.Random(self.behavior.seed)
         self._capacity = _Capacity(self)
@@ -514,6 +516,8 @@ class FakeServer:
                 case _:
                     payload = _parse_json(body)
                     self.last_json = payload
+                    if self.received is not None:
+                        self.received.append((asyncio.get_running_loop().time(), payload))
                     self.last_headers = headers
                     return await self._generate(writer, path == "/v1/chat/completions", payload)
         except _HttpError as exc:

@@ -28,11 +28,14 @@ class SleepySender:
     inflight: int = 0
     peak: int = 0
     sent: list = field(default_factory=list)
+    # Every request object as sent (session turns: their messages).
+    requests: list = field(default_factory=list)
 
-    async def send(self, request, *, scheduled_s=None) -> RequestRecord:
+    async def send(self, request, *, scheduled_s=None, keep_text=False) -> RequestRecord:
         self.inflight += 1
         self.peak = max(self.peak, self.inflight)
         self.sent.append((self.clock(), request.id))
+        self.requests.append(request)
         start = self.clock()
         try:
             await asyncio.sleep(self.ttft_s)
@@ -45,7 +48,7 @@ class SleepySender:
         return RequestRecord(
             request_id=request.id, send_s=start, end_s=end, first_token_s=None if error else first,
             token_times_s=[] if error else [first, end], prompt_tokens=10, completion_tokens=2,
-            error=error, scheduled_s=scheduled_s,
+            error=error, scheduled_s=scheduled_s, output_text=f"reply to {request.id}" if keep_text else None,
         )
 
 
