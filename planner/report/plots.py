@@ -163,8 +163,10 @@ def _error_bars(ax: Axes, steps: Sequence[StepResult], metric: str, stat: str, c
         lo, hi = ci
         xs.append(s.load.value)
         ys.append(y)
-        lows.append(y - lo if lo is not None else 0.0)
-        highs.append(hi - y if hi is not None else 0.0)
+        # Results written before intervals were widened to hold their estimate can have a bound
+        # past it; matplotlib refuses a negative error.
+        lows.append(max(0.0, y - lo) if lo is not None else 0.0)
+        highs.append(max(0.0, hi - y) if hi is not None else 0.0)
         if hi is None:
             open_x.append(s.load.value)
             open_y.append(y)

@@ -100,3 +100,19 @@ def test_mean_proportion_and_rate_intervals():
     lo, hi = intervals.rate_interval(ends, np.ones(ends.size), 0.0, 20.0)
     assert lo <= 50 <= hi and hi - lo < 1
     assert intervals.rate_interval([1.0], [1.0], 0.0, 2.0) == (None, None)
+
+
+def test_an_interval_always_holds_its_own_estimate():
+    # A CI run plotted an unresolved step's p99 of two requests whose lower bound (the larger
+    # value) lay above the interpolated estimate: matplotlib refused the negative error bar.
+    assert intervals.quantile_interval([10.0, 20.0], 0.99)[0] <= float(np.quantile([10.0, 20.0], 0.99))
+    rng = np.random.default_rng(7)
+    for n in (2, 3, 5, 13, 40, 200):
+        for _ in range(50):
+            samples = [rng.lognormal(size=n), np.cumsum(rng.normal(size=n))]  # iid, and correlated
+            for values in samples:
+                for name, q in intervals.QUANTILES.items():
+                    lo, hi = intervals.quantile_interval(values, q)
+                    estimate = float(np.quantile(values, q))
+                    assert lo is None or lo <= estimate, (n, name, lo, estimate)
+                    assert hi is None or hi >= estimate, (n, name, hi, estimate)
