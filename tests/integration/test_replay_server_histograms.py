@@ -101,10 +101,16 @@ def test_server_without_metrics_leaves_server_slos_unverified(tmp_path: Path) ->
 @pytest.mark.timeout(120)
 def test_a_zero_threshold_flags_any_latency_the_client_side_added(tmp_path: Path) -> None:
     # The client's TTFT includes the HTTP round trip the server's does not: with no margin at
-    # all, the step is flagged, and the note carries the figures.
+    # all, any excess flags the step, and the note carries the figures. The excess is a fraction of
+    # a millisecond here, and on a busy machine the two means (over the client's requests and the
+    # server's window) can differ the other way (-0.55 ms in one CI run): then nothing is flagged.
     (step,) = _replay(
         tmp_path, Behavior(ttft_s=0.01, itl_s=0.002), {}, client_ttft_excess_ms=0.0, client_ttft_excess_fraction=0.0
     ).steps
-    assert step.client.ttft_mean_minus_server_ms > 0
-    assert step.client.client_or_network_latency
-    assert f"{step.client.ttft_mean_minus_server_ms:.1f} ms above the server's" in step.client.latency_note
+    excess = step.client.ttft_mean_minus_server_ms
+    assert excess is not None
+    assert step.client.client_or_network_latency == (excess > 0)
+    if excess > 0:
+        assert f"{excess:.1f} ms above the server's" in step.client.latency_note
+    else:
+        assert step.client.latency_note is None
