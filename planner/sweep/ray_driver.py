@@ -77,6 +77,10 @@ class RayExecutor:
         try:
             ray.init(address=executor.address, runtime_env=executor.runtime_env, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as exc:
+            # A failed ray:// connection can leave client mode half set up, and every later
+            # ray.init in this process would then fail too: undo it.
+            with contextlib.suppress(Exception):
+                ray.shutdown()
             raise ConfigError(
                 f"[executor] address {executor.address!r}: cannot connect to a Ray cluster ({short_error(exc)}); start one"
                 " with `ray start --head` (and `ray start --address HEAD:6379` on the other nodes), or give its"
