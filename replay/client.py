@@ -226,6 +226,7 @@ class StreamingClient:
         # stream wrappers cost more per request than parsing the stream, and a load test wants
         # none of them (a redirect shows up as http_3xx, which is what it is).
         resp = await self._wire.handle_async_request(req)  # type: ignore[union-attr]
+        rec.connect_retries = resp.extensions.get("connect_retries", 0)
         encoding = resp.headers.get("content-encoding")
         chunks = resp.stream if not encoding or encoding == "identity" else resp.aiter_bytes()
         try:

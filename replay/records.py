@@ -35,6 +35,9 @@ class RequestRecord:
     session_id: str | None = None
     turn: int | None = None
     resent_tokens: int | None = None
+    # Connects tried again before this request's connection opened (replay.transport): a sign the
+    # client's loop or the server's accept stalled; its wait is inside this request's latency.
+    connect_retries: int = 0
 
     @property
     def ok(self) -> bool:

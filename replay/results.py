@@ -123,6 +123,9 @@ class ClientSummary(_Model):
     # Chunks that arrived together (their gap below the clock's resolution): left out of ITL.
     itl_bursts: int = 0
     itl_burst_gaps: int = 0
+    # Connects tried again by the measured requests before their connection opened (each waited
+    # for it, inside its latency); a connect that failed every try is an error of kind "connect".
+    connect_retries: int = 0
 
 
 class TurnLatency(_Model):

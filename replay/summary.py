@@ -64,7 +64,9 @@ def build_result(
     sources = {r.tokens_source for r in done_ok}
     tokens_source = "none" if not sources else (sources.pop() if len(sources) == 1 else "mixed")
     itl_gaps, bursts, burst_gaps = itl_gaps_ms(ok)
-    client = updated(client, itl_bursts=bursts, itl_burst_gaps=burst_gaps)
+    client = updated(
+        client, itl_bursts=bursts, itl_burst_gaps=burst_gaps, connect_retries=sum(r.connect_retries for r in measured)
+    )
     prompt_counts = [r.prompt_tokens for r in done_ok]
     input_tps = (
         sum(prompt_counts) / duration if done_ok and all(c is not None for c in prompt_counts) else None

@@ -10,6 +10,11 @@ from typing import Any
 
 import httpx
 
+# httpx's `retries=` retries connects only, with a backoff of factor 0.5 s; so do these, after
+# 0.5 s and 1 s. Two cover a client loop or a server that stalled past one connect time-out.
+CONNECT_RETRIES = 2
+CONNECT_BACKOFF_S = 0.5
+
 
 class LoadTransport(httpx.AsyncBaseTransport):
     """A lean HTTP/1.1 transport for many concurrent streams to one server.
@@ -22,11 +27,18 @@ class LoadTransport(httpx.AsyncBaseTransport):
     which for SSE is one event per chunk.
 
     It honours httpx's timeout extension (connect, read, write, pool) and raises httpx's
-    exceptions, so StreamingClient maps its failures as it would httpcore's.
+    exceptions, so StreamingClient maps its failures as it would httpcore's. A failed connect is
+    tried again `connect_retries` times, as httpx's own `retries=` does: a refused or timed-out
+    handshake sent nothing, so trying again cannot send a request twice. The response's
+    `connect_retries` extension says how many retries its connection took, so a step can report
+    them rather than hide them.
     """
 
-    def __init__(self, *, max_connections: int) -> None:
+    def __init__(self, *, max_connections: int, connect_retries: int = CONNECT_RETRIES) -> None:
+        if connect_retries < 0:
+            raise ValueError(f"connect_retries={connect_retries}: must be 0 or more")
         self._max_connections = max_connections
+        self._connect_retries = connect_retries
         self._open = 0
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._waiters: collections.deque[asyncio.Future[_Connection | None]] = collections.deque()
@@ -87,9 +99,9 @@ class LoadTransport(httpx.AsyncBaseTransport):
             # A head the stream cannot frame (a bad Content-Length): the connection is unusable.
             self._discard(conn)
             raise
-        return httpx.Response(
-            status, headers=headers, stream=stream, extensions={"http_version": version, "reason_phrase": reason}
-        )
+        extensions = {"http_version": version, "reason_phrase": reason, "connect_retries": conn.connect_retries}
+        conn.connect_retries = 0  # counted once, for the request that opened the connection
+        return httpx.Response(status, headers=headers, stream=stream, extensions=extensions)
 
     async def _acquire(self, key: tuple[str, str, int], timeouts: dict[str, float | None]) -> tuple[_Connection, bool]:
         while True:
@@ -131,6 +143,22 @@ class LoadTransport(httpx.AsyncBaseTransport):
             # None: a connection closed, so there is room to open a new one; go round again.
 
     async def _connect(self, key: tuple[str, str, int], timeout_s: float | None) -> _Connection:
+        for retry in range(self._connect_retries + 1):
+            if retry:
+                await asyncio.sleep(CONNECT_BACKOFF_S * 2 ** (retry - 1))
+            try:
+                conn = await self._connect_once(key, timeout_s)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if retry == self._connect_retries:
+                    if retry:
+                        raise type(exc)(f"{exc} (on each of {retry + 1} attempts)") from None
+                    raise
+                continue
+            conn.connect_retries = retry
+            return conn
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _connect_once(self, key: tuple[str, str, int], timeout_s: float | None) -> _Connection:
         scheme, host, port = key
         context = None
         if scheme == "https":
@@ -180,12 +208,13 @@ class _StaleConnection(Exception):
 
 
 class _Connection:
-    __slots__ = ("key", "reader", "writer")
+    __slots__ = ("connect_retries", "key", "reader", "writer")
 
     def __init__(self, key: tuple[str, str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.key = key
         self.reader = reader
         self.writer = writer
+        self.connect_retries = 0
 
     def usable(self) -> bool:
         # Both are kept current by the event loop's callbacks: no system call here.

@@ -149,6 +149,25 @@ def test_connect_error_against_a_closed_port(closed_port: int) -> None:
     assert rec.error == "connect" and f"127.0.0.1:{closed_port}" in (rec.error_detail or "")
 
 
+def test_a_request_whose_connect_was_retried_records_the_retries(closed_port: int) -> None:
+    async def main() -> list[RequestRecord]:
+        async def listen_late() -> FakeServer:
+            await asyncio.sleep(0.2)
+            return await FakeServer(Behavior(itl_s=0.001), port=closed_port).__aenter__()
+
+        late = asyncio.create_task(listen_late())
+        async with StreamingClient(f"http://127.0.0.1:{closed_port}", model="fake-model", max_connections=1) as c:
+            recs = [await c.send(Req()), await c.send(Req())]
+        srv = await late
+        await srv.__aexit__(None, None, None)
+        return recs
+
+    first, second = asyncio.run(main())
+    assert first.ok and second.ok, (first.error_detail, second.error_detail)
+    assert (first.connect_retries, second.connect_retries) == (1, 0)
+    assert first.send_s < first.end_s - 0.5  # the backoff is inside the request's latency
+
+
 def test_check_against_the_fake_server(closed_port: int) -> None:
     async def check(url: str, **kwargs) -> str:
         async with StreamingClient(url, **kwargs) as c:

@@ -56,8 +56,49 @@ def test_connect_errors_are_httpx_errors(closed_port: int) -> None:
         async with httpx.AsyncClient(transport=LoadTransport(max_connections=1)) as c:
             await c.get(f"http://127.0.0.1:{closed_port}/health")
 
-    with pytest.raises(httpx.ConnectError):
+    with pytest.raises(httpx.ConnectError, match="on each of 3 attempts"):
         asyncio.run(main())
+
+
+def test_a_refused_connect_is_tried_again_and_the_response_says_so(closed_port: int) -> None:
+    """The server starts listening between the first refused connect and the retry 0.5 s later:
+    the request succeeds on that retry, and only the request that opened the connection counts it."""
+
+    async def main() -> tuple[list[int], list[int], float]:
+        async def listen_late() -> FakeServer:
+            await asyncio.sleep(0.2)
+            return await FakeServer(Behavior(), port=closed_port).__aenter__()
+
+        late = asyncio.create_task(listen_late())
+        url = f"http://127.0.0.1:{closed_port}/v1/models"
+        async with httpx.AsyncClient(transport=LoadTransport(max_connections=1)) as c:
+            t0 = asyncio.get_running_loop().time()
+            first = await c.get(url)
+            waited = asyncio.get_running_loop().time() - t0
+            second = await c.get(url)
+        srv = await late
+        await srv.__aexit__(None, None, None)
+        codes = [first.status_code, second.status_code]
+        return codes, [first.extensions["connect_retries"], second.extensions["connect_retries"]], waited
+
+    codes, retries, waited = asyncio.run(main())
+    assert codes == [200, 200]
+    assert retries == [1, 0]  # the second request reused the connection
+    assert waited >= 0.5  # the backoff before the retry
+
+
+def test_no_retries_when_asked_for_none(closed_port: int) -> None:
+    async def main() -> float:
+        t0 = asyncio.get_running_loop().time()
+        with contextlib.suppress(httpx.ConnectError):
+            async with httpx.AsyncClient(transport=LoadTransport(max_connections=1, connect_retries=0)) as c:
+                await c.get(f"http://127.0.0.1:{closed_port}/health")
+            raise AssertionError("the connect to a closed port succeeded")
+        return asyncio.get_running_loop().time() - t0
+
+    assert asyncio.run(main()) < 0.5  # refused at once, no backoff
+    with pytest.raises(ValueError, match="connect_retries=-1"):
+        LoadTransport(max_connections=1, connect_retries=-1)
 
 
 def test_pool_timeout_when_every_connection_is_busy() -> None:

@@ -43,6 +43,18 @@ def test_failures_are_counted_by_kind_and_fail_the_error_slo():
     assert result.slo_violations == ["error_rate"] and not result.slo_pass
 
 
+def test_connect_retries_of_the_measured_requests_are_summed_into_the_client_summary():
+    class RetryingSender(SleepySender):
+        async def send(self, request, **kwargs) -> RequestRecord:
+            rec = await super().send(request, **kwargs)
+            rec.connect_retries = 2 if request.id == "r0" else 1  # r0 is a warm-up request
+            return rec
+
+    sender = RetryingSender()
+    result = virtual_step(sender, RequestCursor(CORPUS), Concurrency(2), Window(warmup_requests=2, min_requests=10))
+    assert result.client.connect_retries == result.requests_ok + result.requests_failed > 0
+
+
 def test_cursor_continues_across_steps():
     cursor = RequestCursor(CORPUS)
     sender = SleepySender()
