@@ -19,7 +19,9 @@ runs one forward and backward on a random batch and one optimizer step, and reco
                             torch.autograd.graph.saved_tensors_hooks, each storage once and the
                             parameters' own storages left out
     cuda_max_allocated_bytes / cuda_max_reserved_bytes   torch.cuda.max_memory_* over the step,
-                            on a CUDA device only (null, with `cuda_note`, elsewhere)
+                            on a CUDA device only (null, with `cuda_note`, elsewhere); on CUDA
+                            the measured step is the second (`warmup_steps` 1), whose peak holds
+                            the optimizer state the first step created, as every later step does
     process_max_rss_bytes   the process's peak resident memory (a CPU figure)
 
 Cases with "strategy": "fsdp" run on "workers" processes (gloo on CPU, NCCL on CUDA) with
@@ -35,6 +37,7 @@ and the fp32 gradient is dropped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -74,7 +77,7 @@ def normalise(case: dict[str, Any], index: int) -> dict[str, Any]:
 # --- the model -------------------------------------------------------------------------------
 
 
-def build_model(case: dict[str, Any], dtype: Any) -> Any:
+def build_model(case: dict[str, Any], dtype: Any, device: Any) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -89,7 +92,10 @@ def build_model(case: dict[str, Any], dtype: Any) -> Any:
         raw = dict(case["config"])
         config = AutoConfig.for_model(raw.pop("model_type", "llama"), **raw)
     config.use_cache = False
-    return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    # Random weights are drawn where the step runs: a GPU draws an 8B model's in seconds, where the
+    # two CPU threads this script keeps take minutes.
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
 
 
 def lora_linear_class() -> Any:
@@ -224,7 +230,7 @@ def one_step(case: dict[str, Any], device: Any, rank: int = 0, world: int = 1) -
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-mixed": torch.bfloat16}.get(precision)
     if dtype is None:
         raise CaseError(f"{case['name']}: precision {precision!r}; valid: fp32, bf16-mixed, bf16")
-    model = build_model(case, dtype).to(device)
+    model = build_model(case, dtype, device).to(device)
     apply_trainable_set(model, case)
     apply_checkpointing(model, case)
     model.train()
@@ -246,24 +252,37 @@ def one_step(case: dict[str, Any], device: Any, rank: int = 0, world: int = 1) -
     vocab = model.config.vocab_size
     shape = (case["micro_batch"], case["seq_len"])
     input_ids = torch.randint(0, vocab, shape, generator=generator).to(device)
+
+    def train_step(saved: SavedTensors | None = None) -> Any:
+        hooks = saved_tensors_hooks(saved.pack, lambda t: t) if saved is not None else contextlib.nullcontext()
+        with hooks:
+            loss = model(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        if masters is not None:
+            for p, m in zip(trainable, masters, strict=True):
+                m.grad = p.grad.float()
+        optimizer.step()
+        if masters is not None:
+            with torch.no_grad():
+                for p, m in zip(trainable, masters, strict=True):
+                    p.copy_(m)
+                    m.grad = None
+        return loss
+
+    warmup_steps = 0
     if device.type == "cuda":
+        # The first step creates the optimizer state only after backward has freed the saved
+        # activations; every later step of a run holds both, so the peak a run lives with is the
+        # second step's. The gradients are freed in between, as a training loop's zero_grad does.
+        train_step()
+        model.zero_grad(set_to_none=True)
+        warmup_steps = 1
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
 
     saved = SavedTensors(model)
-    with saved_tensors_hooks(saved.pack, lambda t: t):
-        loss = model(input_ids=input_ids, labels=input_ids).loss
+    loss = train_step(saved)
     saved_bytes = saved.nbytes
-    loss.backward()
-    if masters is not None:
-        for p, m in zip(trainable, masters, strict=True):
-            m.grad = p.grad.float()
-    optimizer.step()
-    if masters is not None:
-        with torch.no_grad():
-            for p, m in zip(trainable, masters, strict=True):
-                p.copy_(m)
-                m.grad = None
 
     measured = {
         "parameters": sum(tensor_bytes(p) // p.element_size() for p in model.parameters()),
@@ -276,6 +295,7 @@ def one_step(case: dict[str, Any], device: Any, rank: int = 0, world: int = 1) -
         ),
         "saved_activations_bytes": saved_bytes,
         "saved_tensor_storages": len(saved.storages),
+        "warmup_steps": warmup_steps,
         "loss": float(loss.detach().float().to_local() if hasattr(loss, "to_local") else loss.detach().float()),
     }
     if device.type == "cuda":
