@@ -25,7 +25,7 @@ from planner.errors import EstimateError
 from planner.estimate.architecture import Architecture
 from planner.estimate.model_source import resolve_model
 from planner.estimate.plan import gpu_total
-from planner.estimate.train_activations import Activations, Checkpointing, saved_activations
+from planner.estimate.train_activations import Activations, Checkpointing, checkpointed, saved_activations
 from planner.estimate.train_params import Param, inventory, trainable_set
 from planner.estimate.train_states import SHARDED, WEIGHT_BYTES, ModelStates, Optimizer, Precision, Strategy, model_states
 from planner.estimate.units import GIB, format_bytes
@@ -320,7 +320,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
 
     estimates = [
         "temporary buffers (logits and their gradients, one layer's backward, communication buffers, the optimizer step's) are an estimate; "
-        "the model states and saved activations were checked against PyTorch on CPU (README)",
+        "the model states and saved activations were checked against PyTorch on CPU and on an H200 (README; fp32 attention on CUDA keeps more)",
     ]
     if source == "config":
         estimates.append("parameters: Llama-named shapes from config.json (no safetensors found)")
@@ -328,6 +328,14 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
         estimates.append("8-bit AdamW: bitsandbytes' published state layout, not measured here")
     if tp > 1:
         estimates.append("tensor parallelism: weights and attention/MLP activations split Megatron-style, not measured here")
+    if settings.precision == "fp32":
+        plain = sum(1 for i in range(arch.num_layers) if not checkpointed(i, settings.checkpointing, settings.checkpoint_every))
+        probs = settings.micro_batch * (arch.num_attention_heads // tp) * seq_len**2 * 4 * plain
+        if probs:
+            estimates.append(
+                f"fp32 on a CUDA GPU: SDPA has no fp32 flash kernel and keeps the attention probabilities too, about {format_bytes(probs)} "
+                f"({plain} layers not checkpointed x micro-batch x heads x seq-len^2 x 4 bytes), not counted above (README: measured on an H200)"
+            )
 
     if total_gpu is None:
         verdict = TrainVerdict(

@@ -6,7 +6,8 @@ weight trains, its weight only when its input needs a gradient). So the saved se
 trains, and this module walks the layer the way Hugging Face's LlamaDecoderLayer (transformers 5)
 runs it under PyTorch, one tensor at a time, T = micro_batch x seq_len tokens, e = compute dtype
 bytes (4 fp32, 2 bf16), with flash-style attention (SDPA's flash kernel on CPU and GPU saves its
-output and a per-head log-sum-exp, never the seq x seq scores):
+output and a per-head log-sum-exp, never the seq x seq scores; CUDA has no fp32 flash kernel, and
+in fp32 on an H200 SDPA kept the attention probabilities too, which this walk leaves out: README):
 
     RMSNorm          input upcast to fp32 (4 T h) and rsqrt(variance) (4 T), when the input needs
                      a gradient; the normalised e T h when the norm's weight trains
@@ -28,7 +29,8 @@ recomputes the rest in backward: `full` checkpoints every layer, `selective` eve
 recomputation). Tensor parallelism (Korthikanti et al. 2022) divides the attention and MLP terms
 by the TP size and leaves the norms' (no sequence parallelism).
 
-Verified against torch.autograd.graph.saved_tensors_hooks on CPU (tests/e2e/test_train_memory.py).
+Verified against torch.autograd.graph.saved_tensors_hooks on CPU (tests/e2e/test_train_memory.py)
+and on an H200 (scripts/measure-train-gpu.sh).
 """
 
 from __future__ import annotations

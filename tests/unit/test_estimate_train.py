@@ -201,3 +201,13 @@ def test_tensor_parallel_splits_matrices_and_keeps_norms(tiny):
     with pytest.raises(EstimateError, match="--seq-len 8192 is longer than the model's max_position_embeddings 4096"):
         train_estimate(TrainSettings(model=tiny, seq_len=8192))
     assert one.weights_bytes == 4 * PARAMS
+
+
+def test_fp32_names_the_attention_probabilities_cuda_keeps(tiny):
+    # 2 layers, selective checkpointing of every 2nd (layer 0): layer 1 keeps 2 x 4 heads x 64^2 x 4 bytes.
+    fp32 = train_estimate(TrainSettings(model=tiny, micro_batch=2, seq_len=64, precision="fp32", checkpointing="selective"))
+    [note] = [n for n in fp32.estimates if n.startswith("fp32 on a CUDA GPU")]
+    assert f"about {2 * 4 * 64 * 64 * 4 // 1024}.00 KiB (1 layers not checkpointed" in note
+    full = train_estimate(TrainSettings(model=tiny, micro_batch=2, seq_len=64, precision="fp32", checkpointing="full"))
+    bf16 = train_estimate(TrainSettings(model=tiny, micro_batch=2, seq_len=64, precision="bf16-mixed"))
+    assert not [n for n in full.estimates + bf16.estimates if n.startswith("fp32 on a CUDA GPU")]
