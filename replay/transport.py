@@ -143,9 +143,8 @@ class LoadTransport(httpx.AsyncBaseTransport):
             # None: a connection closed, so there is room to open a new one; go round again.
 
     async def _connect(self, key: tuple[str, str, int], timeout_s: float | None) -> _Connection:
-        for retry in range(self._connect_retries + 1):
-            if retry:
-                await asyncio.sleep(CONNECT_BACKOFF_S * 2 ** (retry - 1))
+        retry = 0
+        while True:
             try:
                 conn = await self._connect_once(key, timeout_s)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -153,10 +152,11 @@ class LoadTransport(httpx.AsyncBaseTransport):
                     if retry:
                         raise type(exc)(f"{exc} (on each of {retry + 1} attempts)") from None
                     raise
+                retry += 1
+                await asyncio.sleep(CONNECT_BACKOFF_S * 2 ** (retry - 1))
                 continue
             conn.connect_retries = retry
             return conn
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _connect_once(self, key: tuple[str, str, int], timeout_s: float | None) -> _Connection:
         scheme, host, port = key

@@ -25,7 +25,7 @@ from planner.errors import EstimateError
 from planner.estimate.architecture import Architecture
 from planner.estimate.model_source import resolve_model
 from planner.estimate.plan import gpu_total
-from planner.estimate.train_activations import Activations, Checkpointing, checkpointed, saved_activations
+from planner.estimate.train_activations import Activations, Checkpointing, saved_activations
 from planner.estimate.train_params import Param, inventory, trainable_set
 from planner.estimate.train_states import SHARDED, WEIGHT_BYTES, ModelStates, Optimizer, Precision, Strategy, model_states
 from planner.estimate.units import GIB, format_bytes
@@ -329,7 +329,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
     if tp > 1:
         estimates.append("tensor parallelism: weights and attention/MLP activations split Megatron-style, not measured here")
     if settings.precision == "fp32":
-        plain = sum(1 for i in range(arch.num_layers) if not checkpointed(i, settings.checkpointing, settings.checkpoint_every))
+        plain = arch.num_layers - acts.checkpointed_layers
         probs = settings.micro_batch * (arch.num_attention_heads // tp) * seq_len**2 * 4 * plain
         if probs:
             estimates.append(
