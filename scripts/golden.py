@@ -11,10 +11,11 @@ whose answers sit well clear of their SLO bounds:
 - `sessions`: `planner replay` of a session corpus (three-turn conversations with think times).
 
 What is stored is each scenario's results file with everything that depends on the machine's
-timing removed: times and timestamps, latency and throughput figures, request counts of a
-window (how many requests finish before a window closes depends on the scheduler), and the
-paths and ports of this run. Removed values are replaced by a placeholder naming their type, so
-the files still compare their shape: a field added, dropped or renamed is a difference. What is
+timing removed: times and timestamps, every figure of a step's window (latencies, throughput,
+request counts, the client's lag flags: how many requests finish before a window closes depends
+on the scheduler), and the paths, ports and process ids of this run. Removed values are replaced
+by a placeholder, so the files still compare their shape: a field added, dropped or renamed is a
+difference. What is
 left is what the code decides: the loads and their order, every verdict, the search's answer and
 why it stopped, the classification of a failed point, the settings, the identity.
 
@@ -47,7 +48,9 @@ READY_PREFIX = "fake-openai-server ready on "
 # Outside a step: numbers whose key names a time, a duration, a rate or memory measured now.
 TIMING_KEY = re.compile(r"(_s|_at|_per_s|_per_gpu|_mib|_ms|_ci95)$")
 # Inside a step (a measurement window): what the code decides, kept whole. Every other value
-# there is a figure of the window, and timing: kept as its key and type only.
+# there is a figure of the window, and timing: kept as its key only (even a flag such as
+# client_limited, or a note that is there or not, follows the machine's load).
+MEASURED = "<measured>"
 STEP_DECISIONS = {
     "load", "slo_pass", "slo_verdict", "slo_verdicts", "slo_violations", "slo_unverified", "slo_views",
     "tokens_source",
@@ -66,18 +69,16 @@ def normalize(value: Any, key: str = "", *, in_step: bool = False, subs: dict[st
             k: normalize(v, k, in_step=in_step and k not in STEP_DECISIONS, subs=subs)
             for k, v in sorted(value.items())
         }
+    if in_step and not isinstance(value, dict):
+        return MEASURED
     if isinstance(value, list):
         if key == "steps":
             return [normalize(v, in_step=True, subs=subs) for v in value]
-        if in_step:
-            return placeholder(value)
         items = [normalize(v, key, subs=subs) for v in value]
         # A server command's port is picked free at each run.
         return [("<port>" if i and items[i - 1] == "--port" else v) for i, v in enumerate(items)]
     if value is None or isinstance(value, bool):
         return value
-    if in_step:
-        return placeholder(value)
     if isinstance(value, int | float):
         return placeholder(value) if TIMING_KEY.search(key) else value
     if isinstance(value, str):
