@@ -13,7 +13,8 @@ whose answers sit well clear of their SLO bounds:
 What is stored is each scenario's results file with everything that depends on the machine's
 timing removed: times and timestamps, every figure of a step's window (latencies, throughput,
 request counts, the client's lag flags: how many requests finish before a window closes depends
-on the scheduler), and the paths, ports and process ids of this run. Removed values are replaced
+on the scheduler), and the paths, ports and process ids of this run (and the points'
+fingerprints, which hash the paths of the server command). Removed values are replaced
 by a placeholder, so the files still compare their shape: a field added, dropped or renamed is a
 difference. What is
 left is what the code decides: the loads and their order, every verdict, the search's answer and
@@ -82,7 +83,9 @@ def normalize(value: Any, key: str = "", *, in_step: bool = False, subs: dict[st
     if isinstance(value, int | float):
         return placeholder(value) if TIMING_KEY.search(key) else value
     if isinstance(value, str):
-        if key.endswith("_at") and value:
+        # A point's fingerprint hashes its server command, whose paths are this checkout's and
+        # this interpreter's: it differs between two checkouts of the same code.
+        if (key.endswith("_at") or key == "fingerprint") and value:
             return placeholder(value)
         for old, new in subs.items():
             value = value.replace(old, new)
