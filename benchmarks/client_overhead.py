@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replay.client import StreamingClient  # noqa: E402
+from replay.client.streaming import StreamingClient  # noqa: E402
 
 FAKE_SERVER = ROOT / "tests" / "fakes" / "openai_server.py"
 READY_PREFIX = "fake-openai-server ready on "

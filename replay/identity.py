@@ -106,3 +106,30 @@ def model_config_facts(folder: Path) -> dict[str, str]:
     if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):
         out["quantization"] = quant["quant_method"]
     return out
+
+
+def served_model_files(identity: Identity, served: str) -> Identity:
+    """vLLM serves a model folder under its path: when that folder is here, its files' hash and
+    config facts identify the model (unless the caller already did)."""
+    folder = Path(served)
+    if identity.model.sha256 is not None or not folder.is_dir():
+        return identity
+    facts = {k: v for k, v in model_config_facts(folder).items() if getattr(identity.model, k) is None}
+    model = identity.model.model_copy(update={"sha256": model_fingerprint(folder), **facts})
+    return identity.model_copy(update={"model": model})
+
+
+def measured_identity(
+    known: Identity, *, served: str, vllm_version: str | None, corpus_sha256: str, slo: dict[str, float]
+) -> Identity:
+    """What a replay measured, from what the caller knew: the server's version and served model
+    where the caller did not know them, and the corpus and the SLOs it was judged by."""
+    model = known.model.model_copy(update={"name": known.model.name or served})
+    return known.model_copy(
+        update={
+            "vllm_version": known.vllm_version or vllm_version,
+            "model": model,
+            "corpus_sha256": corpus_sha256,
+            "slo": dict(slo),
+        }
+    )

@@ -19,7 +19,7 @@ from replay.identity import Identity
 SCHEMA_VERSION = 2
 
 LoadMode = Literal["concurrency", "rate", "trace"]
-# unresolved: the window ran out of time before its bounds were finite (see replay.step).
+# unresolved: the window ran out of time before its bounds were finite (see replay.step.run).
 Verdict = Literal["pass", "fail", "inconclusive", "unresolved"]
 
 
@@ -35,7 +35,7 @@ class LatencySummary(_Model):
     p95: float | None = None
     p99: float | None = None
     max: float | None = None
-    # 95% intervals in arrival order (see replay.intervals): {"mean": [lo, hi], "p50": [lo, hi], ...};
+    # 95% intervals in arrival order (see replay.stats.intervals): {"mean": [lo, hi], "p50": [lo, hi], ...};
     # a side is null where the sample is too small for a finite bound; absent in older files.
     ci95: dict[str, list[float | None]] | None = None
 
@@ -192,11 +192,11 @@ class StepResult(_Model):
     slo_verdicts: dict[str, Verdict] = Field(default_factory=dict)
     requests_per_s_ci95: list[float | None] | None = None
     output_tokens_per_s_ci95: list[float | None] | None = None
-    # Measured requests that met every per-request latency bound (see replay.slo.per_request_bounds).
+    # Measured requests that met every per-request latency bound (see replay.slo.rules.per_request_bounds).
     slo_attainment: float | None = None
     slo_attainment_ci95: list[float | None] | None = None
     goodput_requests_per_s: float | None = None
-    # Early measured requests dropped as not yet in steady state (replay.steady).
+    # Early measured requests dropped as not yet in steady state (replay.stats.steady).
     steady_state_dropped: int = 0
     # What closed the window: requests (its minimum or maximum), verdict (conclusive early),
     # time (its limit), budget (the point's), stall (the warm-up never finished), trace_end, abort.

@@ -8,9 +8,9 @@ Mooncake traces into one.
     planner prompts sharegpt IN OUT [--single-request [--max-tokens-from-reply]]
     planner prompts chatlog IN OUT
 
-Without --url, input lengths are an estimate (replay.lengths.ESTIMATE_RULE) and every output
+Without --url, input lengths are an estimate (replay.corpus.lengths.ESTIMATE_RULE) and every output
 says so; with --url they are the server's own /tokenize counts, chat template included. The work
-is replay's (replay.corpus_stats, replay.sharegpt); this module parses and prints.
+is replay's (replay.prefix.corpus_stats, replay.corpus.sharegpt); this module parses and prints.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import json
 from pathlib import Path
 
 from planner.cliargs import env_default
-from planner.sweep.bound import VLLM_DEFAULT_MAX_TOKENS, concurrency_upper_bound, prefix_aware_bound, request_blocks
+from replay.prefix.bound import VLLM_DEFAULT_MAX_TOKENS, concurrency_upper_bound, prefix_aware_bound, request_blocks
 from planner.vllm_log import cache_config_labels
-from replay.chatlog import group_chat_log
-from replay.corpus import load_corpus, request_text
-from replay.corpus_stats import corpus_stats, render_stats, server_prompt_blocks
-from replay.lengths import ESTIMATE_RULE
-from replay.mooncake import MOONCAKE_BLOCK_SIZE, convert_mooncake
-from replay.prefix_cache import block_hashes, estimate_token_ids, sharing
-from replay.sharegpt import convert_sharegpt, convert_sharegpt_sessions
+from replay.corpus.chatlog import group_chat_log
+from replay.corpus.jsonl import load_corpus, request_text
+from replay.prefix.corpus_stats import corpus_stats, render_stats, server_prompt_blocks
+from replay.corpus.lengths import ESTIMATE_RULE
+from replay.corpus.mooncake import MOONCAKE_BLOCK_SIZE, convert_mooncake
+from replay.prefix.sharing import block_hashes, estimate_token_ids, sharing
+from replay.corpus.sharegpt import convert_sharegpt, convert_sharegpt_sessions
 
 # vLLM's default block size on GPUs (the CPU build uses 128); used when neither the flag nor a
 # server says.
@@ -185,7 +185,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def _bounds(corpus, prompts: list[tuple[int, list[int]]], block_size: int, kv_blocks: int) -> dict:
-    """The sweep's two KV concurrency bounds (planner.sweep.bound) for a pool of kv_blocks, each
+    """The sweep's two KV concurrency bounds (replay.prefix.bound) for a pool of kv_blocks, each
     request's output its max_tokens, else vLLM's completions default."""
     blocks = [
         request_blocks(n, r.max_tokens or VLLM_DEFAULT_MAX_TOKENS, block_size=block_size, max_model_len=None)

@@ -16,11 +16,11 @@ from planner.report import write_report
 from planner.report.html import HTML_FILE
 from planner.tables import replay_summary, stdout_console, steps_table
 from planner.validation import build
-from replay import slo as slo_mod
-from replay.corpus import load_corpus
-from replay.observer import Observers
-from replay.session import RESULTS_FILE, run_replay
-from replay.settings import ReplaySettings
+from replay.slo import rules as slo_mod
+from replay.corpus.jsonl import load_corpus
+from replay.step.observer import Observers
+from replay.run.entry import RESULTS_FILE, run_replay
+from replay.run.settings import ReplaySettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -23,7 +23,7 @@ from planner.sweep.predict import predictor
 from planner.sweep.results import RESULTS_FILE
 from planner.sweep.run import run_sweep
 from planner.tables import stdout_console, sweep_summary, sweep_table
-from replay.corpus import load_corpus
+from replay.corpus.jsonl import load_corpus
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from planner.sweep.bound import prefix_aware_bound
+from replay.prefix.bound import prefix_aware_bound
 from dataclasses import dataclass
 
 from planner.estimate.architecture import Architecture, AttentionKind
@@ -148,7 +148,7 @@ def corpus_concurrency(
     """Concurrency the pool carries for this corpus: each request's tokens rounded up to blocks.
 
     With the prompts' block hashes, also the concurrency with vLLM's prefix cache, where requests
-    in flight hold the blocks they share once (planner.sweep.bound.prefix_aware_bound)."""
+    in flight hold the blocks they share once (replay.prefix.bound.prefix_aware_bound)."""
     blocks = [layout.blocks_for_tokens(n) for n in request_tokens]
     mean_blocks = sum(blocks) / len(blocks)
     carried = pool.usable_blocks / mean_blocks if mean_blocks else 0.0

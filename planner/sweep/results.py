@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
 
 from planner.capacity import Capacity, Failure
 from planner.estimate import Estimate
-from replay import slo as slo_mod
+from replay.slo import rules as slo_mod
 from replay.errors import SloSpecError
 from replay.identity import Identity
 from replay.results import StepResult, write_json_atomic
@@ -82,7 +82,7 @@ class PointResult(_Model):
     concurrency_upper_bound: int | None = None
     mean_blocks_per_request: float | None = None
     # vLLM's prefix cache: on unless the point's args say --no-enable-prefix-caching. With it, the
-    # bound that holds a block shared by requests in flight once (planner.sweep.bound.
+    # bound that holds a block shared by requests in flight once (replay.prefix.bound.
     # prefix_aware_bound), from the distinct shared prompt blocks and each request's own blocks.
     prefix_caching: bool | None = None
     concurrency_upper_bound_prefix_cache: int | None = None

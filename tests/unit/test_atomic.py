@@ -11,7 +11,7 @@ import pytest
 
 from replay.atomic import atomic_text
 from replay.results import write_json_atomic
-from replay.sharegpt import convert_sharegpt
+from replay.corpus.sharegpt import convert_sharegpt
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from planner.sweep.results import PointResult, SweepResults
 from planner.compare.identity import differences
 from replay.identity import Hardware, Identity, ModelIdentity
 from replay.results import LatencySummary, LoadSpec, ReplayResults
-from replay.session import served_model_files
+from replay.identity import served_model_files
 from tests.fakes.results import FIXTURES, make_step
 
 # --- identity -----------------------------------------------------------------------------------

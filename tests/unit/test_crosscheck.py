@@ -2,7 +2,7 @@
 
 import pytest
 
-from replay.crosscheck import cross_check, itl_gaps_ms
+from replay.server.crosscheck import cross_check, itl_gaps_ms
 from replay.records import RequestRecord
 from replay.results import LatencySummary, ServerLatency, ServerSummary
 from tests.fakes.results import make_step

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 from replay.records import RequestRecord
 from replay.results import LatencySummary
-from replay.saturation import MAX_TOKENS, Saturation, first_probe, saturation_probe
-from replay.step import RequestCursor
+from replay.search.saturation import MAX_TOKENS, Saturation, first_probe, saturation_probe
+from replay.step.run import RequestCursor
 
 
 @dataclass(slots=True)

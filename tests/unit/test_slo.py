@@ -1,6 +1,6 @@
 import pytest
 
-from replay import slo
+from replay.slo import rules as slo
 from replay.errors import SloSpecError
 from replay.results import LatencySummary, ServerLatency, ServerSummary
 from tests.fakes.results import make_step

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from replay import stats
-from replay.crosscheck import itl_gaps_ms
+from replay.stats import samples as stats
+from replay.server.crosscheck import itl_gaps_ms
 from replay.records import RequestRecord
 
 

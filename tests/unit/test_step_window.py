@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from replay.load import Concurrency
-from replay.step import EARLY_FAIL_REQUESTS, SIZE_FACTOR, RequestCursor, Window, expected_window_s, run_step
+from replay.load.kinds import Concurrency
+from replay.step.run import EARLY_FAIL_REQUESTS, SIZE_FACTOR, RequestCursor, Window, expected_window_s, run_step
 from tests.fakes.senders import CORPUS, SleepySender
 
 # TPOT is latency - ttft = 15 ms for SleepySender's defaults.

@@ -6,7 +6,7 @@ import pytest
 
 from planner.sweep.duration import config_key, expected_text, mean_request_tokens
 from planner.sweep.grid import Point
-from replay.eta import step_wall_s
+from replay.search.eta import step_wall_s
 
 
 def point(**config) -> Point:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from replay.results import ServerSummary
-from replay.server_histograms import Snapshot, parse_snapshot, window_figures
+from replay.server.histograms import Snapshot, parse_snapshot, window_figures
 
 # Sample names as they appear in the exposition text (counters carry their _total suffix).
 KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")

@@ -1,9 +1,9 @@
 """What a corpus holds before it is replayed: request forms, categories, and token-length
 percentiles of inputs, outputs (max_tokens) and both. Input lengths come from the server's own
 /tokenize (chat template included) or, without a server, from an estimate
-(replay.lengths.ESTIMATE_RULE) that every output names.
+(replay.corpus.lengths.ESTIMATE_RULE) that every output names.
 
-The prefix-cache figures (replay.prefix_cache) hash the same tokens: the server's token ids with
+The prefix-cache figures (replay.prefix.sharing) hash the same tokens: the server's token ids with
 a server, else the estimate's 4-byte pieces of the text."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from replay.client import StreamingClient
-from replay.corpus import Corpus
-from replay.tokens import prompt_blocks
+from replay.client.streaming import StreamingClient
+from replay.corpus.jsonl import Corpus
+from replay.prefix.tokens import prompt_blocks
 
 TOKENIZE_CONCURRENCY = 16
 NO_CATEGORY = "(none)"
@@ -36,7 +36,7 @@ class TokenSummary:
         if not values:
             return None
         arr = np.asarray(values, dtype=float)
-        # numpy's default (linear) interpolation, as replay.stats uses for latencies.
+        # numpy's default (linear) interpolation, as replay.stats.samples uses for latencies.
         p50, p90, p99 = np.percentile(arr, (50, 90, 99))
         # Two decimals: token counts are integers, so more digits are interpolation noise.
         return cls(*(round(float(v), 2) for v in (p50, p90, p99, arr.max(), arr.mean())))
@@ -46,7 +46,7 @@ def corpus_stats(
     corpus: Corpus, input_tokens: list[int], tokens: dict[str, Any], prefix_cache: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The figures `prompts stats` shows, as JSON-ready data; input_tokens[i] belongs to request i.
-    `prefix_cache` is replay.prefix_cache.Sharing's dict plus where its block and pool sizes came from."""
+    `prefix_cache` is replay.prefix.sharing.Sharing's dict plus where its block and pool sizes came from."""
     reqs = corpus.requests
     forms = {"prompt": sum(r.prompt is not None for r in reqs), "messages": sum(r.messages is not None for r in reqs)}
     categories: dict[str, int] = {}

@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from replay.step import Window
+from replay.step.run import Window
+from replay.client.streaming import StreamingClient
+from replay.slo import rules as slo_mod
 
 
 class ReplaySettings(BaseModel):
@@ -26,10 +28,10 @@ class ReplaySettings(BaseModel):
     trace_speed: float = Field(default=1.0, gt=0)
     seed: int = 0
     # Session corpora: the user's reading time before a turn whose line has no think_time_s,
-    # its mean in seconds and its distribution (replay.conversation.ThinkTime).
+    # its mean in seconds and its distribution (replay.load.conversation.ThinkTime).
     think_time_s: float = Field(default=0.0, ge=0)
     think_time_distribution: Literal["fixed", "exponential"] = "exponential"
-    # Measurement windows (see replay.step).
+    # Measurement windows (see replay.step.run).
     warmup_requests: int | None = Field(default=None, ge=0)
     warmup_s: float = Field(default=0.0, ge=0)
     # None: what the SLOs' percentiles need for a finite bound (368 for a p99), at least 100.
@@ -38,19 +40,19 @@ class ReplaySettings(BaseModel):
     max_requests: int | None = Field(default=None, ge=1)
     min_window_s: float = Field(default=0.0, ge=0)
     # The window's time limit. None: sized from the request duration the warm-up measured (twice
-    # the expected wall time of max_requests; replay.step).
+    # the expected wall time of max_requests; replay.step.run).
     max_window_s: float | None = Field(default=None, gt=0)
     # The longest a warm-up may take before the server counts as stalled (with max_window_s unset).
     warmup_timeout_s: float = Field(default=600.0, gt=0)
     metrics_interval_s: float = Field(default=1.0, gt=0)
     # A step is flagged client_or_network_latency when the client's mean TTFT exceeds vLLM's by
-    # more than the larger of these two (replay.crosscheck).
+    # more than the larger of these two (replay.server.crosscheck).
     client_ttft_excess_ms: float = Field(default=10.0, ge=0)
     client_ttft_excess_fraction: float = Field(default=0.10, ge=0)
     # The search for the highest passing concurrency.
     find_max: bool = False
     # The first probe. None: the capacity bound (a sweep), max_concurrency, or the saturation
-    # probe's count (replay.saturation).
+    # probe's count (replay.search.saturation).
     start_concurrency: int | None = Field(default=None, ge=1)
     max_concurrency: int | None = Field(default=None, ge=1)
     precision: float = Field(default=0.05, gt=0, lt=1)
@@ -79,8 +81,6 @@ class ReplaySettings(BaseModel):
         return self
 
     def window(self, slo: Mapping[str, float] | None = None) -> Window:
-        from replay import slo as slo_mod
-
         min_requests = self.min_requests or slo_mod.min_requests_for(slo or {})
         return Window(
             warmup_requests=self.warmup_requests,
@@ -90,4 +90,18 @@ class ReplaySettings(BaseModel):
             min_window_s=self.min_window_s,
             max_window_s=self.max_window_s,
             warmup_timeout_s=self.warmup_timeout_s,
+        )
+
+    def client(self, url: str, *, model: str | None, api_key: str | None, max_connections: int) -> StreamingClient:
+        """The one client these settings ask for (`planner replay` and a sweep's point build it here)."""
+        return StreamingClient(
+            url,
+            model=model,
+            api=self.api,
+            api_key=api_key,
+            max_connections=max_connections,
+            request_timeout_s=self.request_timeout_s,
+            ignore_eos=self.ignore_eos,
+            default_max_tokens=self.max_tokens,
+            extra_body=self.extra_body,
         )

@@ -17,7 +17,7 @@ from typing import Any
 
 from replay.atomic import atomic_text
 from replay.errors import CorpusError
-from replay.lengths import estimate_tokens
+from replay.corpus.lengths import estimate_tokens
 
 # ShareGPT dumps name the speakers in several ways; these are the ones seen in the common sets.
 SHAREGPT_ROLES = {
@@ -125,7 +125,7 @@ def sharegpt_request(item: Any, index: int, *, max_tokens_from_reply: bool, fail
 
 
 def sharegpt_session(item: Any, index: int, *, fail) -> dict[str, Any] | None:
-    """One conversation line (replay.corpus's session form) from one ShareGPT conversation;
+    """One conversation line (replay.corpus.jsonl's session form) from one ShareGPT conversation;
     None when it has no (non-empty) human turn.
 
     System turns become `system` (joined); each human turn a turn, the gpt turns up to the next

@@ -1,6 +1,6 @@
 """Sessions replayed as users send them: turn k carries the conversation so far.
 
-A session (replay.corpus.Session) is a user: its first turn is sent when the session arrives
+A session (replay.corpus.jsonl.Session) is a user: its first turn is sent when the session arrives
 (the closed loop's free slot, a Poisson arrival, the trace's timestamp), and each later turn
 after the previous answer has streamed and the user's think time has passed. Turn k is sent as
 chat messages: every earlier turn's messages and the assistant's reply to it (the corpus's
@@ -22,8 +22,8 @@ from typing import Literal
 
 import numpy as np
 
-from replay import stats
-from replay.corpus import CorpusRequest, Session
+from replay.stats import samples as stats
+from replay.corpus.jsonl import CorpusRequest, Session
 from replay.records import RequestRecord
 from replay.results import SessionSummary, TurnLatency
 
@@ -86,7 +86,7 @@ def mean_think_per_request_s(sessions: Sequence[Session], think: ThinkTime) -> f
 
 class SessionCursor:
     """Hands out sessions in order, wrapping around, shared by every step of a run (as
-    replay.step.RequestCursor does for requests): a session cut short by a window's end is not
+    replay.step.run.RequestCursor does for requests): a session cut short by a window's end is not
     resumed, the next step starts fresh ones."""
 
     def __init__(self, sessions: Sequence[Session]) -> None:

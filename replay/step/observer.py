@@ -21,7 +21,7 @@ class ReplayObserver(Protocol):
     def step_finished(self, step: StepResult) -> None: ...
 
     def probe_planned(self, concurrency: int, search_eta_s: float | None) -> None:
-        """The search chose its next step; `search_eta_s` estimates the rest of it (replay.eta)."""
+        """The search chose its next step; `search_eta_s` estimates the rest of it (replay.search.eta)."""
 
 
 class Observers:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 from replay.results import StepResult
-from replay.search import Probe, bracket, is_confirmed
+from replay.search.policy import Probe, bracket, is_confirmed
 
 # Steps a search needs once it has a bracket but no model yet, and before it has any step.
 UNBRACKETED_STEPS = 4

@@ -1,6 +1,6 @@
 """A step's result from its records: the figures, their intervals, attainment and goodput, with
-the steady-state rule applied (replay.steady). Pure functions of the records, so the window's
-stopping rule (replay.step) and the final result compute them the same way.
+the steady-state rule applied (replay.stats.steady). Pure functions of the records, so the window's
+stopping rule (replay.step.run) and the final result compute them the same way.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from replay import intervals, stats
-from replay.crosscheck import itl_gaps_ms
-from replay.load import Concurrency, Load
+from replay.stats import intervals, samples as stats
+from replay.server.crosscheck import itl_gaps_ms
+from replay.load.kinds import Concurrency, Load
 from replay.records import RequestRecord
 from replay.results import ClientSummary, ServerSummary, StepResult, updated
-from replay.steady import steady_start
+from replay.stats.steady import steady_start
+from replay.slo import rules as slo_mod
 
 # Above these the client, not the server, may have been the limit: its own timing is suspect.
 CLIENT_SEND_LAG_LIMIT_MS = 50.0
@@ -129,7 +130,7 @@ def latency_samples(measured: list[RequestRecord], spec) -> dict[str, np.ndarray
 
 
 def _unsteady(measured: list[RequestRecord]) -> int:
-    """Leading measured requests (in arrival order) before the steady state (replay.steady),
+    """Leading measured requests (in arrival order) before the steady state (replay.stats.steady),
     read on end-to-end latency; a failed request stands in with the slowest latency seen."""
     if not measured:
         return 0
@@ -141,8 +142,6 @@ def _unsteady(measured: list[RequestRecord]) -> int:
 def _attained(measured: list[RequestRecord], slo: Mapping[str, float]) -> np.ndarray | None:
     """Per measured request (arrival order): did it succeed and meet every per-request bound?
     None when the SLOs bound no per-request latency."""
-    from replay import slo as slo_mod
-
     bounds = slo_mod.per_request_bounds(slo)
     if not bounds:
         return None

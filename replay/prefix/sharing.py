@@ -13,7 +13,7 @@ The hashes here are Python's hash of (parent, block tokens) tuples: not vLLM's v
 its own pickled objects), but the same equal/unequal structure, which is all that sharing needs
 (tests/unit/test_prefix_cache.py checks it against vLLM's own, recorded as a fixture).
 
-Without a server's tokenizer, token ids come from the offline estimate (replay.lengths: one
+Without a server's tokenizer, token ids come from the offline estimate (replay.corpus.lengths: one
 token per started 4 bytes of UTF-8): each 4-byte piece of the text is one token id, so a shared
 text prefix is a shared token prefix, cut at 4-byte boundaries, and a request has exactly
 `estimate_tokens(text)` tokens.
@@ -25,7 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from replay.lengths import BYTES_PER_TOKEN
+from replay.corpus.lengths import BYTES_PER_TOKEN
 
 
 def estimate_token_ids(text: str) -> list[int]:

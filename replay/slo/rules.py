@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from replay import intervals
+from replay.stats import intervals
 from replay.errors import SloSpecError
 from replay.results import StepResult, Verdict
 

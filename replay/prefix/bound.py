@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from replay.prefix_cache import expected_shared_blocks
+from replay.prefix.sharing import expected_shared_blocks
 
 # vLLM completions' default max_tokens, used to size requests that ask for none.
 VLLM_DEFAULT_MAX_TOKENS = 16

@@ -7,7 +7,7 @@ place hold the same tokens there (ids are chained: equal ids imply equal earlier
 prompt synthesised here is the concatenation of one text per block, each a deterministic function
 of its id, so equal ids give equal text and different ids different text.
 
-Token scheme: the offline estimate's (replay.lengths: one token per 4 bytes of UTF-8). A block's
+Token scheme: the offline estimate's (replay.corpus.lengths: one token per 4 bytes of UTF-8). A block's
 text is 4 x block_size ASCII bytes, so its tokens under that estimate are exactly that block and
 `planner prompts stats --block-size N` (no --url) sees exactly the traced sharing. A real
 tokenizer cuts the same text into other tokens: equal text prefixes stay equal token prefixes, so
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from replay.atomic import atomic_text
 from replay.errors import CorpusError
-from replay.lengths import BYTES_PER_TOKEN
+from replay.corpus.lengths import BYTES_PER_TOKEN
 
 MOONCAKE_BLOCK_SIZE = 512
 _ALPHABET = string.ascii_lowercase + " "

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from replay import intervals
+from replay.stats import intervals
 from replay.records import RequestRecord
 from replay.results import LatencySummary
 

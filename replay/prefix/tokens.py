@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from replay.prefix_cache import block_hashes
+from replay.prefix.sharing import block_hashes
 
 TOKENIZE_WORKERS = 16
 

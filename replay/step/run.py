@@ -26,8 +26,8 @@ A window that ran out of time (its limit or the budget) before it had the reques
 need, with every undecided figure's estimate inside its bound, is `unresolved`: not enough time
 is not a failure, and the search treats it as no information.
 
-The result's figures come from replay.summary, which applies the steady-state rule
-(replay.steady) to the measured requests first.
+The result's figures come from replay.step.figures, which applies the steady-state rule
+(replay.stats.steady) to the measured requests first.
 """
 
 from __future__ import annotations
@@ -40,15 +40,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-from replay.conversation import SessionRunner, ThinkTime
-from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
-from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
-from replay.observer import Observers, ReplayObserver
+from replay.load.conversation import SessionRunner, ThinkTime
+from replay.server.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
+from replay.load.kinds import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
+from replay.step.observer import Observers, ReplayObserver
 from replay.records import RequestRecord
 from replay.results import ClientSummary, ServerSummary, StepResult, updated
-from replay.server_metrics import MetricsScraper
-from replay.server_metrics import summarize as summarize_server
-from replay.summary import build_result, client_summary, latency_samples, steady_records
+from replay.server.metrics import MetricsScraper
+from replay.server.metrics import summarize as summarize_server
+from replay.step.figures import build_result, client_summary, latency_samples, steady_records
+from replay.slo import rules as slo_mod
 
 LOOP_TICK_S = 0.01
 # An inconclusive window is judged again once it has this many times the requests it had.
@@ -276,8 +277,8 @@ async def run_step(
 ) -> StepResult:
     """Run one step and return its result. `requests` is the corpus (trace replay needs it whole).
 
-    With `sessions` (a session corpus's replay.corpus.Session list), the cursor hands out
-    sessions, the load counts sessions (replay.conversation), and `think` sets the think times.
+    With `sessions` (a session corpus's replay.corpus.jsonl.Session list), the cursor hands out
+    sessions, the load counts sessions (replay.load.conversation), and `think` sets the think times.
 
     Setting `abort` stops sending at once and closes the window; requests in flight end by
     themselves (they are not cancelled: cancelling a connect midway leaks its socket).
@@ -285,8 +286,6 @@ async def run_step(
     `clock` must be the one the client stamps its records with (perf_counter for the real one; a
     test's virtual clock for a test's sender).
     """
-    from replay import slo as slo_mod
-
     obs = observer or Observers()
     spec = load.spec()
     obs.step_started(spec)
@@ -512,8 +511,6 @@ def _server_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | Non
 def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], float], str]:
     """The window's verdict on the sample so far, from the client-side SLOs. Server-side SLOs are
     judged on the whole window (and early, on vLLM's gauges, by _server_broke)."""
-    from replay import slo as slo_mod
-
     def judge(measured: list[RequestRecord], elapsed_s: float) -> str:
         partial = build_result(
             spec=spec,

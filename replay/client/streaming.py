@@ -3,7 +3,7 @@
 One `httpx.AsyncClient` serves a whole run, configured for load testing rather than for httpx's
 defaults: a pool as large as the concurrency (the default 100 connections would silently cap a
 sweep) and timeouts sized to the longest generation (the default 5 s would fail every long one).
-Its transport is `replay.transport.LoadTransport`, which holds up to `max_connections` connections, all
+Its transport is `replay.client.transport.LoadTransport`, which holds up to `max_connections` connections, all
 kept alive, because httpcore's pool costs more than the streams at a few hundred of them; tests
 pass an `httpx.MockTransport` instead.
 
@@ -31,8 +31,8 @@ import httpx
 
 from replay.errors import AuthError, ModelNotServed, ReplayError, ServerError, ServerUnreachable
 from replay.records import RequestRecord
-from replay.sse import DONE, SSEParser
-from replay.transport import LoadTransport
+from replay.client.sse import DONE, SSEParser
+from replay.client.transport import LoadTransport
 
 Api = Literal["completions", "chat"]
 COMPLETIONS_PATH = "/v1/completions"
@@ -48,7 +48,7 @@ METRICS_CONNECTIONS = 4
 
 
 class CorpusRequestLike(Protocol):
-    """What the client reads of a replay.corpus.CorpusRequest."""
+    """What the client reads of a replay.corpus.jsonl.CorpusRequest."""
 
     id: str
     prompt: str | None

@@ -5,7 +5,7 @@ A chat client resends the whole conversation at every turn, so a log line whose 
 with an earlier line's messages followed by an assistant message is that conversation's next
 turn: the assistant message is the recorded reply to the earlier turn, and what follows it is the
 new turn. Every other line starts a session. The output is the corpus's turn-line form
-(replay.corpus): `session_id`, `turn`, the turn's new `messages`, the recorded `assistant` reply
+(replay.corpus.jsonl): `session_id`, `turn`, the turn's new `messages`, the recorded `assistant` reply
 when a later line shows it (with `max_tokens` estimated from it unless the line has its own), and
 the first turn's `timestamp_s` when the log has one.
 
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from replay.atomic import atomic_text
-from replay.corpus import ROLES, check_messages, json_kind
+from replay.corpus.jsonl import ROLES, check_messages, json_kind
 from replay.errors import CorpusError
-from replay.lengths import estimate_tokens
+from replay.corpus.lengths import estimate_tokens
 
 
 @dataclass
