@@ -69,18 +69,7 @@ def group_chat_log(src: Path, dst: Path) -> GroupResult:
             def bad(message: str, lineno: int = lineno) -> CorpusError:
                 return CorpusError(message, path=path, line=lineno)
 
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise bad(f"invalid JSON at column {exc.colno}: {exc.msg}") from None
-            if not isinstance(obj, dict) or "messages" not in obj:
-                raise bad(f"expected an object with 'messages' (a logged chat request), found {json_kind(obj)}")
-            messages = check_messages(obj["messages"], bad)
-            if messages[-1]["role"] == "assistant":
-                raise bad(f"the last message is the assistant's; a logged request ends with what was sent ({', '.join(r for r in ROLES if r != 'assistant')})")
-            max_tokens = obj.get("max_tokens")
-            if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-                raise bad(f"field 'max_tokens' is {json_kind(max_tokens)}; it must be an integer >= 1")
+            obj, messages, max_tokens = _logged_request(text, bad)
             lines += 1
             chain = _chain(messages)
             # The longest earlier conversation this line continues: its messages, then a reply.
@@ -111,6 +100,29 @@ def group_chat_log(src: Path, dst: Path) -> GroupResult:
             open_ends[chain[-1]] = session
     if not sessions:
         raise CorpusError("the chat log has no requests", path=path)
+    return GroupResult(lines=lines, sessions=len(sessions), turns=_write_sessions(dst, sessions))
+
+
+def _logged_request(text: str, bad) -> tuple[dict, list[dict], int | None]:
+    """One logged chat request: the line's object, its messages (ending with what was sent), and
+    its max_tokens."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad(f"invalid JSON at column {exc.colno}: {exc.msg}") from None
+    if not isinstance(obj, dict) or "messages" not in obj:
+        raise bad(f"expected an object with 'messages' (a logged chat request), found {json_kind(obj)}")
+    messages = check_messages(obj["messages"], bad)
+    if messages[-1]["role"] == "assistant":
+        raise bad(f"the last message is the assistant's; a logged request ends with what was sent ({', '.join(r for r in ROLES if r != 'assistant')})")
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise bad(f"field 'max_tokens' is {json_kind(max_tokens)}; it must be an integer >= 1")
+    return obj, messages, max_tokens
+
+
+def _write_sessions(dst: Path, sessions: list[_Session]) -> int:
+    """The sessions as turn lines, atomically; returns how many turns."""
     turns = 0
     try:
         with atomic_text(dst, newline="\n") as out:
@@ -120,4 +132,4 @@ def group_chat_log(src: Path, dst: Path) -> GroupResult:
                     out.write(json.dumps({"session_id": s.id, "turn": n, **t}, ensure_ascii=False) + "\n")
     except OSError as exc:
         raise CorpusError(f"cannot write the grouped corpus: {exc.strerror or exc}", path=str(dst)) from exc
-    return GroupResult(lines=lines, sessions=len(sessions), turns=turns)
+    return turns

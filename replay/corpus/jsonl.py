@@ -236,6 +236,55 @@ class _Sessions:
 _FORM_NAMES = {"plain": "plain request", "turns": "session turn", "conversation": "conversation"}
 
 
+def _prompt_or_messages(obj: dict, bad) -> tuple[str | None, list[dict] | None]:
+    """A request's text: exactly one of a non-empty 'prompt' and valid 'messages'."""
+    has_prompt = "prompt" in obj
+    has_messages = "messages" in obj
+    if has_prompt and has_messages:
+        raise bad("has both 'prompt' and 'messages'; a request has exactly one of them")
+    if not has_prompt and not has_messages:
+        raise bad("has neither 'prompt' nor 'messages'; a request has exactly one of them")
+    if not has_prompt:
+        return None, check_messages(obj["messages"], bad)
+    prompt = obj["prompt"]
+    if not isinstance(prompt, str):
+        raise bad(f"field 'prompt' is {json_kind(prompt)}; it must be a non-empty string")
+    if not prompt:
+        raise bad("field 'prompt' is an empty string; it must be a non-empty string")
+    return prompt, None
+
+
+def _max_tokens(max_tokens: Any, bad) -> int | None:
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise bad(f"field 'max_tokens' is {json_kind(max_tokens)}; it must be an integer >= 1")
+    return max_tokens
+
+
+def _request_id(raw_id: Any, lineno: int, bad) -> str:
+    if raw_id is None:
+        return f"line-{lineno}"
+    if isinstance(raw_id, str):
+        return raw_id
+    if isinstance(raw_id, int) and not isinstance(raw_id, bool):
+        return str(raw_id)
+    raise bad(f"field 'id' is {json_kind(raw_id)}; it must be a string or an integer")
+
+
+def _timestamp(timestamp_s: Any, bad) -> float | None:
+    if timestamp_s is None:
+        return None
+    if (
+        isinstance(timestamp_s, bool)
+        or not isinstance(timestamp_s, int | float)
+        or not math.isfinite(timestamp_s)
+        or timestamp_s < 0
+    ):
+        raise bad(f"field 'timestamp_s' is {json_kind(timestamp_s)}; it must be a number >= 0 (seconds)")
+    return float(timestamp_s)
+
+
 def _parse_line(raw: bytes, lineno: int, index: int, path: str) -> CorpusRequest | list[CorpusRequest]:
     def bad(message: str) -> CorpusError:
         return CorpusError(message, path=path, line=lineno)
@@ -256,50 +305,11 @@ def _parse_line(raw: bytes, lineno: int, index: int, path: str) -> CorpusRequest
     if "conversation" in obj:
         return _parse_conversation(obj, lineno, index, bad)
 
-    has_prompt = "prompt" in obj
-    has_messages = "messages" in obj
-    if has_prompt and has_messages:
-        raise bad("has both 'prompt' and 'messages'; a request has exactly one of them")
-    if not has_prompt and not has_messages:
-        raise bad("has neither 'prompt' nor 'messages'; a request has exactly one of them")
-
-    prompt: str | None = None
-    messages: list[dict] | None = None
-    if has_prompt:
-        prompt = obj["prompt"]
-        if not isinstance(prompt, str):
-            raise bad(f"field 'prompt' is {json_kind(prompt)}; it must be a non-empty string")
-        if not prompt:
-            raise bad("field 'prompt' is an empty string; it must be a non-empty string")
-    else:
-        messages = check_messages(obj["messages"], bad)
-
-    max_tokens = obj.get("max_tokens")
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-    ):
-        raise bad(f"field 'max_tokens' is {json_kind(max_tokens)}; it must be an integer >= 1")
-
+    prompt, messages = _prompt_or_messages(obj, bad)
+    max_tokens = _max_tokens(obj.get("max_tokens"), bad)
     raw_id = obj.get("id")
-    if raw_id is None:
-        req_id = f"line-{lineno}"
-    elif isinstance(raw_id, str):
-        req_id = raw_id
-    elif isinstance(raw_id, int) and not isinstance(raw_id, bool):
-        req_id = str(raw_id)
-    else:
-        raise bad(f"field 'id' is {json_kind(raw_id)}; it must be a string or an integer")
-
-    timestamp_s = obj.get("timestamp_s")
-    if timestamp_s is not None:
-        if (
-            isinstance(timestamp_s, bool)
-            or not isinstance(timestamp_s, int | float)
-            or not math.isfinite(timestamp_s)
-            or timestamp_s < 0
-        ):
-            raise bad(f"field 'timestamp_s' is {json_kind(timestamp_s)}; it must be a number >= 0 (seconds)")
-        timestamp_s = float(timestamp_s)
+    req_id = _request_id(raw_id, lineno, bad)
+    timestamp_s = _timestamp(obj.get("timestamp_s"), bad)
 
     session_id = turn = None
     if "session_id" in obj or "turn" in obj:

@@ -86,7 +86,7 @@ def mean_think_per_request_s(sessions: Sequence[Session], think: ThinkTime) -> f
 
 class SessionCursor:
     """Hands out sessions in order, wrapping around, shared by every step of a run (as
-    replay.step.run.RequestCursor does for requests): a session cut short by a window's end is not
+    replay.load.drivers.RequestCursor does for requests): a session cut short by a window's end is not
     resumed, the next step starts fresh ones."""
 
     def __init__(self, sessions: Sequence[Session]) -> None:

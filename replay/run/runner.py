@@ -23,7 +23,9 @@ from replay.search.policy import bracket, next_probe, unresolved
 from replay.search.verdicts import concurrency_history, probe_of
 from replay.server.metrics import MetricsScraper
 from replay.run.settings import ReplaySettings
-from replay.step.run import RequestCursor, Window, run_step
+from replay.load.drivers import RequestCursor
+from replay.step.run import run_step
+from replay.step.window import Window
 
 
 class StepMonitor(Protocol):

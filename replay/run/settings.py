@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from replay.step.run import Window
+from replay.step.window import Window
 from replay.client.streaming import StreamingClient
 from replay.slo import rules as slo_mod
 

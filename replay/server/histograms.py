@@ -139,22 +139,9 @@ def parse_snapshot(text: str, t_s: float, model: str | None = None) -> Snapshot:
     histograms: dict[str, Histogram] = {}
     for key, names in HISTOGRAMS.items():
         samples = samples_of(names)
-        if samples is None:
-            continue
-        buckets: dict[float, float] = {}
-        total_sum = total_count = 0.0
-        for s in samples:
-            if s.name.endswith("_bucket"):
-                le = float(s.labels["le"])
-                buckets[le] = buckets.get(le, 0.0) + s.value
-            elif s.name.endswith("_sum"):
-                total_sum += s.value
-            elif s.name.endswith("_count"):
-                total_count += s.value
-        bounds = tuple(sorted(buckets))
-        if not bounds or not math.isinf(bounds[-1]):
-            continue  # not a usable histogram (no +Inf bucket): as if absent
-        histograms[key] = Histogram(bounds, tuple(buckets[b] for b in bounds), total_sum, total_count)
+        histogram = _histogram(samples) if samples is not None else None
+        if histogram is not None:
+            histograms[key] = histogram
     created = [s.value for name, per_model in found.items() if kinds[name][0] == "created" for s in per_model.get(chosen, [])]
     return Snapshot(t_s, histograms, counters, min(created) if created else None, chosen)
 
@@ -239,3 +226,22 @@ def window_figures(start: Snapshot | None, end: Snapshot | None) -> WindowFigure
     if missing:
         out.note = f"no vLLM histogram at /metrics for {', '.join(missing)}"
     return out
+
+
+def _histogram(samples: list) -> Histogram | None:
+    """One histogram from its samples, engines added up; None when it is not usable (no +Inf
+    bucket): as if absent."""
+    buckets: dict[float, float] = {}
+    total_sum = total_count = 0.0
+    for s in samples:
+        if s.name.endswith("_bucket"):
+            le = float(s.labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + s.value
+        elif s.name.endswith("_sum"):
+            total_sum += s.value
+        elif s.name.endswith("_count"):
+            total_count += s.value
+    bounds = tuple(sorted(buckets))
+    if not bounds or not math.isinf(bounds[-1]):
+        return None
+    return Histogram(bounds, tuple(buckets[b] for b in bounds), total_sum, total_count)

@@ -39,6 +39,33 @@ def client_summary(load: Load, send_lags_s: list[float], loop_lags_s: list[float
     )
 
 
+def _out_tokens(r: RequestRecord) -> int:
+    return r.completion_tokens if r.completion_tokens is not None else len(r.token_times_s)
+
+
+def throughput(done_ok: list[RequestRecord], window_s: float, window_open_s: float | None) -> dict:
+    """Requests and tokens a second over the window, from the requests that finished in it, with
+    95% intervals on the rates when the window's start is known."""
+    duration = max(window_s, 1e-9)
+    prompt_counts = [r.prompt_tokens for r in done_ok]
+    input_tps = (
+        sum(prompt_counts) / duration if done_ok and all(c is not None for c in prompt_counts) else None
+    )
+    output_tokens = sum(_out_tokens(r) for r in done_ok)
+    rps_ci = tps_ci = None
+    if window_open_s is not None and done_ok:
+        ends = [r.end_s for r in done_ok]
+        rps_ci = list(intervals.rate_interval(ends, [1.0] * len(ends), window_open_s, window_open_s + window_s))
+        tps_ci = list(intervals.rate_interval(ends, [_out_tokens(r) for r in done_ok], window_open_s, window_open_s + window_s))
+    return dict(
+        requests_per_s=len(done_ok) / duration,
+        input_tokens_per_s=input_tps,
+        output_tokens_per_s=output_tokens / duration,
+        requests_per_s_ci95=rps_ci,
+        output_tokens_per_s_ci95=tps_ci,
+    )
+
+
 def build_result(
     *,
     spec,
@@ -68,19 +95,6 @@ def build_result(
     client = updated(
         client, itl_bursts=bursts, itl_burst_gaps=burst_gaps, connect_retries=sum(r.connect_retries for r in measured)
     )
-    prompt_counts = [r.prompt_tokens for r in done_ok]
-    input_tps = (
-        sum(prompt_counts) / duration if done_ok and all(c is not None for c in prompt_counts) else None
-    )
-    def out_tokens(r: RequestRecord) -> int:
-        return r.completion_tokens if r.completion_tokens is not None else len(r.token_times_s)
-
-    output_tokens = sum(out_tokens(r) for r in done_ok)
-    rps_ci = tps_ci = None
-    if window_open_s is not None and done_ok:
-        ends = [r.end_s for r in done_ok]
-        rps_ci = list(intervals.rate_interval(ends, [1.0] * len(ends), window_open_s, window_open_s + window_s))
-        tps_ci = list(intervals.rate_interval(ends, [out_tokens(r) for r in done_ok], window_open_s, window_open_s + window_s))
     attained = _attained(measured, slo) if slo else None
     attainment = float(attained.mean()) if attained is not None and attained.size else None
     return StepResult(
@@ -97,15 +111,11 @@ def build_result(
         itl_ms=stats.summarize(itl_gaps),
         tpot_ms=stats.summarize(stats.tpot_ms(ok)),
         e2e_ms=stats.summarize(stats.e2e_ms(ok)),
-        requests_per_s=len(done_ok) / duration,
-        input_tokens_per_s=input_tps,
-        output_tokens_per_s=output_tokens / duration,
+        **throughput(done_ok, window_s, window_open_s),
         tokens_source=tokens_source,
         server=server,
         client=client,
         slo_pass=True,
-        requests_per_s_ci95=rps_ci,
-        output_tokens_per_s_ci95=tps_ci,
         slo_attainment=attainment,
         slo_attainment_ci95=list(intervals.proportion_interval(attained)) if attainment is not None else None,
         goodput_requests_per_s=None if attainment is None else len(done_ok) / duration * attainment,

@@ -1,65 +1,37 @@
 """One step: a load held against the server, a warm-up, a measurement window, and the drain.
 
-The window opens once the warm-up has completed (`warmup_requests` finished and `warmup_s`
-passed). Latency figures come from requests *sent* inside the window; throughput from every
-request that *finished* inside it. The window closes once `min_requests` measured requests have
-finished and `min_window_s` has passed, or at its time limit. Requests still running then are
-drained: awaited, not counted, never failures.
+Three parts, each in its own place:
+- when to send: the load's driver (replay.load.drivers: a closed loop, an open loop on a Poisson
+  or trace schedule; a session corpus's arrivals are whole conversations, replay.load.conversation);
+- when to stop: the window (replay.step.window), fed every finished request and a clock tick;
+- what it measured: one pure function of the records, vLLM's metric snapshots and the SLOs
+  (replay.step.result).
 
-The time limit is `max_window_s` when set; otherwise it is sized from the warm-up, which
-measures the request duration D at this load: a closed loop of c finishes about c / D requests a
-second, so `max_requests` measured requests take about D + max_requests x D / c, and the window
-gets `SIZE_FACTOR` times that. A step never runs past `time_budget_s` (what is left of the
-point's budget), whatever the sizing says.
-
-With SLOs, a window that has its minimum but whose verdict is still inconclusive keeps measuring
-(the cursor hands out fresh prompts) and is judged again each time it has grown by a quarter,
-until the verdict is pass or fail, `max_requests` measured requests, or the time limit. Looking
-at a growing sample a few times, geometrically spaced, keeps the extra chance of a wrong
-verdict small; a step that ends inconclusive counts as a failure. A step that is already a
-conclusive failure closes early: from `EARLY_FAIL_REQUESTS` measured requests on (a p99 whose
-lower bound is above its limit), or, from `EARLY_SERVER_FAIL_REQUESTS` on, as soon as vLLM's
-gauges break a server-side SLO (preemptions, KV-cache usage, waiting requests), so steps above
-the knee are cheap.
-
-A window that ran out of time (its limit or the budget) before it had the requests its bounds
-need, with every undecided figure's estimate inside its bound, is `unresolved`: not enough time
-is not a failure, and the search treats it as no information.
-
-The result's figures come from replay.step.figures, which applies the steady-state rule
-(replay.stats.steady) to the measured requests first.
+This module wires them: it sends each request through the client, accounts it to the window and
+the observer, and scrapes /metrics around the window.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
 from replay.load.conversation import SessionRunner, ThinkTime
-from replay.server.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
-from replay.load.kinds import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
-from replay.step.observer import Observers, ReplayObserver
+from replay.load.drivers import RequestCursor, drive
+from replay.load.kinds import Load
 from replay.records import RequestRecord
-from replay.results import ClientSummary, ServerSummary, StepResult, updated
+from replay.results import StepResult
+from replay.server.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS
 from replay.server.metrics import MetricsScraper
-from replay.server.metrics import summarize as summarize_server
-from replay.step.figures import build_result, client_summary, latency_samples, steady_records
-from replay.slo import rules as slo_mod
+from replay.step.observer import Observers, ReplayObserver
+from replay.step.result import MetricSnapshots, StepRecords, step_result
+from replay.step.window import Window, WindowState, gauges_broke, slo_judge, watch
 
 LOOP_TICK_S = 0.01
-# An inconclusive window is judged again once it has this many times the requests it had.
-RECHECK_GROWTH = 1.25
-# A window may close as a failure from this many measured requests on, before its minimum: on
-# its latency figures, and on vLLM's gauges.
-EARLY_FAIL_REQUESTS = 40
-EARLY_SERVER_FAIL_REQUESTS = 10
-# A window sized from the warm-up gets this many times the expected wall time of max_requests.
-SIZE_FACTOR = 2.0
 
 
 class Sender(Protocol):
@@ -67,189 +39,34 @@ class Sender(Protocol):
     async def send(self, request, *, scheduled_s: float | None = None) -> RequestRecord: ...
 
 
-@dataclass(frozen=True)
-class Window:
-    warmup_requests: int | None = None
-    warmup_s: float = 0.0
-    min_requests: int = 100
-    # An inconclusive window measures on up to this many requests (None: stop at min_requests).
-    max_requests: int | None = None
-    min_window_s: float = 0.0
-    # The window's time limit; None: sized from the warm-up's request duration (SIZE_FACTOR).
-    max_window_s: float | None = 600.0
-    # A warm-up that has not finished after this long means a stalled server (the step fails).
-    warmup_timeout_s: float = 600.0
-    # The most the whole step (warm-up included) may take: what is left of the point's budget.
-    time_budget_s: float | None = None
-    # Open loop: never more than this many requests in flight; past it, sends are late (and flagged).
-    # Requests still running when the window closes are bounded by the client's request time-out.
-    max_inflight: int = 4096
-    # Session corpora: the mean think time before a turn (turn 1's none included). A user's cycle
-    # per request is its duration plus this, so a window sized from the warm-up adds it.
-    think_per_request_s: float = 0.0
+class RequestPath:
+    """Every request of a step goes through here: sent by the client, then accounted to the
+    window and the observer, with its lateness against its schedule."""
 
-    def warmup_for(self, load: Load) -> int:
-        if self.warmup_requests is not None:
-            return self.warmup_requests
-        match load:
-            case Concurrency(n=n):
-                return n
-            case PoissonRate(rate_per_s=rate):
-                return max(1, math.ceil(rate * 2))
-            case TraceReplay():
-                return 0
+    def __init__(self, client: Sender, state: WindowState, observer: ReplayObserver) -> None:
+        self.client = client
+        self.state = state
+        self.observer = observer
+        self.send_lags: list[float] = []
+        # When every request of the step finished (warm-up and drain included), to count the
+        # client's finished requests between the server's two snapshots.
+        self.finish_times: list[float] = []
 
-
-class RequestCursor:
-    """Hands out corpus requests in order, wrapping around; shared by every step of a run so
-    that consecutive steps send different requests (repeats would hit the prefix cache)."""
-
-    def __init__(self, requests: Sequence) -> None:
-        if not requests:
-            raise ValueError("no requests to send")
-        self._requests = requests
-        self._next = 0
-
-    def next(self):
-        req = self._requests[self._next]
-        self._next = (self._next + 1) % len(self._requests)
-        return req
-
-
-def expected_window_s(load: Load, requests: int, duration_s: float) -> float | None:
-    """Expected wall time for `requests` measured requests that each last `duration_s`."""
-    match load:
-        case Concurrency(n=n):
-            return duration_s + requests * duration_s / n
-        case PoissonRate(rate_per_s=rate):
-            return duration_s + requests / rate
-        case _:
-            return None
-
-
-@dataclass
-class _Window:
-    """The mutable state of a running step."""
-
-    warmup: int
-    settings: Window
-    started_s: float
-    on_close: Callable[[], None]
-    load: Load = field(default_factory=lambda: Concurrency(1))
-    on_open: Callable[[], None] = lambda: None
-    # The verdict the measured sample so far gives ("pass", "fail", "inconclusive"); None: no SLO.
-    judge: Callable[[list[RequestRecord], float], str] | None = None
-    # True once vLLM's gauges broke a server-side SLO inside the window.
-    server_broke: Callable[[float], bool] | None = None
-    next_check: int = 0
-    next_early_check: int = EARLY_FAIL_REQUESTS
-    completed: int = 0
-    open_s: float | None = None
-    close_s: float | None = None
-    # requests, verdict, time, budget, stall, trace_end or abort
-    closed_by: str | None = None
-    # Mean end-to-end duration of the warm-up's requests, and the window's time limit from it.
-    request_duration_s: float | None = None
-    limit_s: float | None = None
-    warmup_durations: list[float] = field(default_factory=list)
-    measured: list[RequestRecord] = field(default_factory=list)
-    finished_inside: list[RequestRecord] = field(default_factory=list)
-    drained: int = 0
-
-    @property
-    def closed(self) -> bool:
-        return self.close_s is not None
-
-    def close(self, now: float, reason: str) -> None:
-        self.close_s = now
-        self.closed_by = reason
-        self.on_close()
-
-    def _open(self, now: float) -> None:
-        self.open_s = now
-        if self.warmup_durations:
-            self.request_duration_s = sum(self.warmup_durations) / len(self.warmup_durations)
-        limit = self.settings.max_window_s
-        if limit is None and self.request_duration_s is not None:
-            cycle_s = self.request_duration_s + self.settings.think_per_request_s
-            expected = expected_window_s(self.load, self.settings.max_requests or self.settings.min_requests, cycle_s)
-            if expected is not None:
-                limit = max(self.settings.min_window_s, SIZE_FACTOR * expected)
-        self.limit_s = limit
-        self.on_open()
-
-    def _over_budget(self, now: float) -> bool:
-        budget = self.settings.time_budget_s
-        return budget is not None and now - self.started_s >= budget
-
-    def tick(self, now: float) -> None:
-        if self.closed:
-            return
-        if self.open_s is None:
-            if self.completed >= self.warmup and now - self.started_s >= self.settings.warmup_s:
-                self._open(now)
-            elif self._over_budget(now):
-                # The budget ran out during the warm-up: an empty window, unresolved.
-                self.open_s = now
-                self.on_open()
-                self.close(now, "budget")
-            elif now - self.started_s >= (self.settings.max_window_s or self.settings.warmup_timeout_s):
-                # The warm-up itself never finished (a stalled server): an empty window, whose
-                # latency SLOs fail for want of any completed request.
-                self.open_s = now
-                self.on_open()
-                self.close(now, "stall")
-            return
-        elapsed = now - self.open_s
-        n = len(self.measured)
-        enough = n >= self.settings.min_requests and elapsed >= self.settings.min_window_s
-        if enough and self._settled(now):
-            self.close(now, "verdict" if self.judge is not None and n < (self.settings.max_requests or 0) else "requests")
-        elif self._failed_early(now, n):
-            self.close(now, "verdict")
-        elif self.limit_s is not None and elapsed >= self.limit_s:
-            self.close(now, "time")
-        elif self._over_budget(now):
-            self.close(now, "budget")
-
-    def _failed_early(self, now: float, n: int) -> bool:
-        """A conclusive failure before the window's minimum: no need to measure on."""
-        # A few measured requests first, so that even a step vLLM's gauges fail at once has latency
-        # figures to show.
-        if self.server_broke is not None and n >= EARLY_SERVER_FAIL_REQUESTS and self.server_broke(now):
-            return True
-        if self.judge is None or n < self.next_early_check:
-            return False
-        self.next_early_check = math.ceil(n * RECHECK_GROWTH)
-        return self.judge(self.measured, now - (self.open_s or now)) == "fail"
-
-    def _settled(self, now: float) -> bool:
-        """True when the window may close: no SLO to settle, a conclusive verdict, or max_requests."""
-        n = len(self.measured)
-        limit = self.settings.max_requests
-        if self.judge is None or limit is None or n >= limit:
-            return True
-        if n < self.next_check:
-            return False
-        self.next_check = math.ceil(n * RECHECK_GROWTH)
-        return self.judge(self.measured, now - (self.open_s or now)) != "inconclusive"
-
-    def finish(self, rec: RequestRecord) -> bool:
-        """Account one finished request; True when it is measured."""
-        self.completed += 1
-        measured = False
-        if self.open_s is None:
-            if rec.ok:
-                self.warmup_durations.append(rec.e2e_s)
-        elif not self.closed:
-            self.finished_inside.append(rec)
-            if rec.send_s >= self.open_s:
-                self.measured.append(rec)
-                measured = True
-        else:
-            self.drained += 1
-        self.tick(rec.end_s)
-        return measured
+    async def send(
+        self, req, scheduled_s: float | None, *, keep_text: bool = False,
+        annotate: Callable[[RequestRecord], None] | None = None,
+    ) -> RequestRecord:
+        self.observer.request_sent()
+        # keep_text only when asked, so senders of plain corpora need not know it.
+        options = {"keep_text": True} if keep_text else {}
+        rec = await self.client.send(req, scheduled_s=scheduled_s, **options)
+        if annotate is not None:
+            annotate(rec)
+        self.finish_times.append(rec.end_s)
+        if scheduled_s is not None:
+            self.send_lags.append(max(0.0, rec.send_s - scheduled_s))
+        self.observer.request_finished(rec, measured=self.state.finish(rec))
+        return rec
 
 
 async def _loop_lag(lags: list[float], stop: asyncio.Event, clock: Callable[[], float]) -> None:
@@ -257,6 +74,62 @@ async def _loop_lag(lags: list[float], stop: asyncio.Event, clock: Callable[[], 
         t = clock()
         await asyncio.sleep(LOOP_TICK_S)
         lags.append(max(0.0, clock() - t - LOOP_TICK_S))
+
+
+def window_state(
+    load: Load, window: Window, stop_sending: asyncio.Event, scraper: MetricsScraper | None,
+    slo: dict[str, float] | None, started_s: float,
+) -> WindowState:
+    """The step's window, wired to stop the sending and to snapshot vLLM's histograms the moment
+    it opens and closes."""
+
+    def window_opened() -> None:
+        if scraper is not None:
+            scraper.mark("start")
+
+    def window_closed() -> None:
+        stop_sending.set()
+        if scraper is not None:
+            scraper.mark("end")
+
+    state = WindowState(
+        warmup=window.warmup_for(load),
+        settings=window,
+        started_s=started_s,
+        on_close=window_closed,
+        load=load,
+        on_open=window_opened,
+        judge=slo_judge(load.spec(), slo) if slo else None,
+    )
+    state.server_broke = gauges_broke(scraper, slo, state)
+    return state
+
+
+@contextlib.asynccontextmanager
+async def _watched(
+    state: WindowState, stop_sending: asyncio.Event, abort: asyncio.Event | None, scraper: MetricsScraper | None,
+    loop_lags: list[float], clock: Callable[[], float],
+) -> AsyncIterator[None]:
+    """While the load is sent: the window's clock, the event loop's lag, and /metrics scraped;
+    after it (however it ended), sending stopped and all three stopped."""
+    lag_stop = asyncio.Event()
+    lag_task = asyncio.create_task(_loop_lag(loop_lags, lag_stop, clock))
+    clock_task = asyncio.create_task(watch(state, stop_sending, abort, clock))
+    if scraper is not None:
+        scraper.start()
+    try:
+        yield
+    finally:
+        stop_sending.set()
+        lag_stop.set()
+        clock_task.cancel()
+        for task in (lag_task, clock_task):
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        if scraper is not None:
+            await scraper.stop()
 
 
 async def run_step(
@@ -287,244 +160,29 @@ async def run_step(
     test's virtual clock for a test's sender).
     """
     obs = observer or Observers()
-    spec = load.spec()
-    obs.step_started(spec)
+    obs.step_started(load.spec())
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     stop_sending = asyncio.Event()
-
-    # vLLM's histograms are snapshotted the moment the window opens and closes.
-    def window_opened() -> None:
-        if scraper is not None:
-            scraper.mark("start")
-
-    def window_closed() -> None:
-        stop_sending.set()
-        if scraper is not None:
-            scraper.mark("end")
-
-    state = _Window(
-        warmup=window.warmup_for(load),
-        settings=window,
-        started_s=clock(),
-        on_close=window_closed,
-        load=load,
-        on_open=window_opened,
-        judge=_judge(spec, slo) if slo else None,
-    )
-    state.server_broke = _server_broke(scraper, slo, state)
-    send_lags: list[float] = []
+    state = window_state(load, window, stop_sending, scraper, slo, clock())
+    path = RequestPath(client, state, obs)
+    runner = SessionRunner(path.send, think or ThinkTime(), stop_sending, clock) if sessions is not None else None
     loop_lags: list[float] = []
-    # When every request of the step finished (warm-up and drain included), to count the
-    # client's finished requests between the server's two snapshots.
-    finish_times: list[float] = []
-    inflight: set[asyncio.Task] = set()
-
-    async def one(
-        req, scheduled_s: float | None, *, keep_text: bool = False, annotate: Callable[[RequestRecord], None] | None = None
-    ) -> RequestRecord:
-        obs.request_sent()
-        # keep_text only when asked, so senders of plain corpora need not know it.
-        options = {"keep_text": True} if keep_text else {}
-        rec = await client.send(req, scheduled_s=scheduled_s, **options)
-        if annotate is not None:
-            annotate(rec)
-        finish_times.append(rec.end_s)
-        if scheduled_s is not None:
-            send_lags.append(max(0.0, rec.send_s - scheduled_s))
-        obs.request_finished(rec, measured=state.finish(rec))
-        return rec
-
-    runner = (
-        SessionRunner(one, think or ThinkTime(), stop_sending, clock) if sessions is not None else None
-    )
-    # What one arrival starts: a request, or a session's whole conversation.
-    start = one if runner is None else runner.run
-
-    async def closed_loop(n: int) -> None:
-        async def worker() -> None:
-            while not stop_sending.is_set():
-                await start(cursor.next(), None)
-
-        # A TaskGroup: should one worker fail, the others stop with it instead of sending on.
-        async with asyncio.TaskGroup() as group:
-            for _ in range(n):
-                group.create_task(worker())
-
-    async def open_loop(schedule) -> None:
-        slots = asyncio.Semaphore(window.max_inflight)
-        t0 = clock()
-        for offset, req in schedule:
-            if stop_sending.is_set():
-                break
-            delay = t0 + offset - clock()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(stop_sending.wait(), delay)
-                    break
-                except TimeoutError:
-                    pass
-            await slots.acquire()
-            task = asyncio.create_task(start(req, t0 + offset))
-            inflight.add(task)
-            task.add_done_callback(lambda t: (inflight.discard(t), slots.release()))
-        # A finite trace ends the window when it runs out.
-        if inflight:
-            await asyncio.gather(*inflight)
-        if not state.closed:
-            now = clock()
-            if state.open_s is None:
-                state.open_s = now
-                state.on_open()
-            state.close(now, "trace_end")
-
-    async def ticker() -> None:
-        # Closes a window on time even when no request finishes (max_window_s, min_window_s).
-        while not state.closed:
-            now = clock()
-            if abort is not None and abort.is_set():
-                state.open_s = state.open_s if state.open_s is not None else now
-                state.close_s, state.closed_by = now, "abort"
-                stop_sending.set()
-                break
-            state.tick(now)
-            await asyncio.sleep(0.05)
-
-    lag_stop = asyncio.Event()
-    lag_task = asyncio.create_task(_loop_lag(loop_lags, lag_stop, clock))
-    clock_task = asyncio.create_task(ticker())
-    if scraper is not None:
-        scraper.start()
-    try:
-        match load:
-            case Concurrency(n=n):
-                await closed_loop(n)
-            case PoissonRate(rate_per_s=rate, seed=seed):
-                await open_loop((offset, cursor.next()) for offset in poisson_offsets(rate, seed))
-            case TraceReplay(speed=speed):
-                arrivals = sessions if sessions is not None else requests
-                if arrivals is None:
-                    raise ValueError("trace replay needs the corpus")
-                stamps = [r.timestamp_s for r in arrivals]
-                await open_loop((off, arrivals[i]) for off, i in trace_offsets(stamps, speed))
-    finally:
-        stop_sending.set()
-        lag_stop.set()
-        clock_task.cancel()
-        for task in (lag_task, clock_task):
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-        if scraper is not None:
-            await scraper.stop()
-
-    server = (
-        summarize_server(scraper.samples, state.open_s, state.close_s, scraper.note)
-        if scraper is not None
-        else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
-    )
-    if scraper is not None:
-        server = updated(server, **scraper.window_histograms())
-    result = build_result(
-        spec=spec,
-        started_at=started_at,
-        warmup=state.warmup,
-        window_s=state.close_s - state.open_s,
-        measured=state.measured,
-        finished_inside=state.finished_inside,
-        drained=state.drained,
-        server=server,
-        client=client_summary(load, send_lags, loop_lags),
-        window_open_s=state.open_s,
-        slo=slo,
-    )
-    snaps = scraper.snapshots if scraper is not None else {}
-    if "start" in snaps and "end" in snaps:
-        t0, t1 = snaps["start"].t_s, snaps["end"].t_s
-        client_finished = sum(1 for t in finish_times if t0 < t <= t1)
-    else:
-        client_finished = len(state.finished_inside)
-    result = updated(
-        result,
-        client=cross_check(result, client_finished, excess_ms=ttft_excess[0], excess_fraction=ttft_excess[1]),
-        window_closed_by=state.closed_by,
-        window_limit_s=None if state.limit_s is None else round(state.limit_s, 3),
-        request_duration_s=None if state.request_duration_s is None else round(state.request_duration_s, 4),
-    )
-    if runner is not None:
-        measured = steady_records(state.measured, spec)[0]
-        result = updated(
-            result, sessions=runner.summary(measured, state.finished_inside, state.open_s, state.close_s)
+    async with _watched(state, stop_sending, abort, scraper, loop_lags, clock):
+        ran_out = await drive(
+            load, path.send if runner is None else runner.run, cursor, stop_sending,
+            arrivals=sessions if sessions is not None else requests, max_inflight=window.max_inflight, clock=clock,
         )
-    if slo is not None:
-        rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(state.measured, spec))
-        verdict = slo_mod.step_verdict(rule_verdicts)
-        if state.closed_by in ("time", "budget") and verdict != "pass":
-            if slo_mod.only_short_of_time(result, slo, rule_verdicts, window.max_requests):
-                verdict = "unresolved"
-        result = updated(
-            result,
-            slo_pass=verdict == "pass",
-            # Every SLO that kept the step from passing: broken, or not shown to hold.
-            slo_violations=[k for k, v in rule_verdicts.items() if v != "pass"],
-            slo_unverified=unverified,
-            slo_verdict=verdict,
-            slo_verdicts=rule_verdicts,
-            slo_views={key: slo_mod.view(key) for key in slo},
-        )
+        if ran_out:
+            state.end_of_arrivals(clock())
+    records = StepRecords(
+        load=load, started_at=started_at, warmup=state.warmup, open_s=state.open_s, close_s=state.close_s,
+        closed_by=state.closed_by, limit_s=state.limit_s, request_duration_s=state.request_duration_s,
+        measured=state.measured, finished_inside=state.finished_inside, drained=state.drained,
+        finish_times=path.finish_times, send_lags=path.send_lags, loop_lags=loop_lags,
+    )
+    metrics = MetricSnapshots.of(scraper) if scraper is not None else None
+    result = step_result(
+        records, metrics, slo, max_requests=window.max_requests, sessions=runner, ttft_excess=ttft_excess
+    )
     obs.step_finished(result)
     return result
-
-
-def _server_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None, state: _Window) -> Callable[[float], bool] | None:
-    """Whether vLLM's gauges inside the window already broke a server-side SLO (preemptions,
-    KV-cache usage, waiting requests): the step is a failure whatever else it measures."""
-    bounds = {k: v for k, v in (slo or {}).items() if k in ("max_preemptions", "kv_cache_usage_max", "max_waiting")}
-    if scraper is None or not bounds:
-        return None
-    seen = 0
-
-    def broke(now: float) -> bool:
-        nonlocal seen
-        samples = scraper.samples
-        if state.open_s is None or len(samples) == seen:
-            return False
-        seen = len(samples)
-        before = [x for x in samples if x.t_s <= state.open_s]
-        inside = [x for x in samples if x.t_s > state.open_s]
-        if not inside:
-            return False
-        kv = [x.kv_cache_usage for x in inside if x.kv_cache_usage is not None]
-        if "kv_cache_usage_max" in bounds and kv and max(kv) > bounds["kv_cache_usage_max"]:
-            return True
-        waiting = [x.waiting for x in inside if x.waiting is not None]
-        if "max_waiting" in bounds and waiting and max(waiting) > bounds["max_waiting"]:
-            return True
-        if "max_preemptions" in bounds and before and before[-1].preemptions is not None:
-            last = inside[-1].preemptions
-            return last is not None and last - before[-1].preemptions > bounds["max_preemptions"]
-        return False
-
-    return broke
-
-
-def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], float], str]:
-    """The window's verdict on the sample so far, from the client-side SLOs. Server-side SLOs are
-    judged on the whole window (and early, on vLLM's gauges, by _server_broke)."""
-    def judge(measured: list[RequestRecord], elapsed_s: float) -> str:
-        partial = build_result(
-            spec=spec,
-            started_at="",
-            warmup=0,
-            window_s=elapsed_s,
-            measured=measured,
-            finished_inside=[],
-            drained=0,
-            server=ServerSummary(),
-            client=ClientSummary(),
-            slo=slo,
-        )
-        rule_verdicts, _ = slo_mod.verdicts(partial, slo, latency_samples(measured, spec))
-        return slo_mod.step_verdict(rule_verdicts)
-
-    return judge

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from replay.records import RequestRecord
 from replay.results import LatencySummary
 from replay.search.saturation import MAX_TOKENS, Saturation, first_probe, saturation_probe
-from replay.step.run import RequestCursor
+from replay.load.drivers import RequestCursor
 
 
 @dataclass(slots=True)

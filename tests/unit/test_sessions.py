@@ -12,7 +12,8 @@ from replay.load.conversation import Occupancy, SessionCursor, ThinkTime, mean_t
 from replay.corpus.jsonl import load_corpus
 from replay.errors import CorpusError
 from replay.load.kinds import Concurrency, PoissonRate, TraceReplay
-from replay.step.run import Window, run_step
+from replay.step.run import run_step
+from replay.step.window import Window
 from tests.fakes.senders import SleepySender
 from tests.fakes.virtual_time import run_virtual, virtual_clock
 
