@@ -328,7 +328,7 @@ def estimate(
     corpus = None
     if request_tokens:
         hashes = prompt_hashes(layout.block_size) if prompt_hashes is not None else None
-        corpus = {**(corpus_info or {}), **corpus_concurrency(layout, pool, request_tokens, hashes)}
+        corpus = {**(corpus_info or {}), **corpus_concurrency(layout, pool, request_tokens, hashes).to_dict()}
         estimates.append("corpus: prompt tokens estimated as UTF-8 bytes / 4")
 
     return Estimate(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 from replay.prefix.sharing import expected_shared_blocks
 
@@ -79,3 +80,44 @@ def prefix_aware_bound(
         else:
             hi = mid - 1
     return lo, mean_own, len(shared)
+
+
+@dataclass(frozen=True)
+class KvBounds:
+    """The sweep's two KV concurrency bounds for a pool of kv_blocks, as `prompts stats` shows them."""
+
+    mean_blocks_per_request: float
+    # Requests the pool holds when each holds all its own blocks.
+    no_prefix_cache: int
+    # Distinct blocks shared by two or more requests, and what each request holds beside them.
+    shared_prefix_blocks: int
+    mean_own_blocks_per_request: float
+    # Requests the pool holds when those in flight hold their shared blocks once (never below
+    # no_prefix_cache).
+    prefix_cache: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def kv_bounds(
+    prompts: Sequence[tuple[int, Sequence[int]]], max_tokens: Sequence[int | None], *, block_size: int, kv_blocks: int
+) -> KvBounds:
+    """Both bounds for requests of (prompt tokens, block hashes) and max_tokens (None: vLLM's
+    completions default), in corpus order."""
+    blocks = [
+        request_blocks(n, out or VLLM_DEFAULT_MAX_TOKENS, block_size=block_size, max_model_len=None)
+        for (n, _), out in zip(prompts, max_tokens)
+    ]
+    mean = sum(blocks) / len(blocks)
+    old = concurrency_upper_bound(
+        kv_cache_tokens=kv_blocks * block_size, block_size=block_size, mean_blocks_per_request=mean, max_concurrency_reported=None
+    )
+    with_cache, own, shared = prefix_aware_bound(blocks, [h for _, h in prompts], pool_blocks=kv_blocks)
+    return KvBounds(
+        mean_blocks_per_request=round(mean, 3),
+        no_prefix_cache=old,
+        shared_prefix_blocks=shared,
+        mean_own_blocks_per_request=round(own, 3),
+        prefix_cache=max(old, with_cache),
+    )

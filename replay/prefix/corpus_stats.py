@@ -17,6 +17,8 @@ import numpy as np
 
 from replay.client.streaming import StreamingClient
 from replay.corpus.jsonl import Corpus
+from replay.prefix.bound import KvBounds, kv_bounds
+from replay.prefix.sharing import Sharing, sharing
 from replay.prefix.tokens import prompt_blocks
 
 TOKENIZE_CONCURRENCY = 16
@@ -42,11 +44,50 @@ class TokenSummary:
         return cls(*(round(float(v), 2) for v in (p50, p90, p99, arr.max(), arr.mean())))
 
 
+@dataclass(frozen=True)
+class PrefixFigures:
+    """A corpus's prefix sharing (replay.prefix.sharing), where its block and pool sizes came
+    from, and, with a pool size, the KV concurrency bounds it gives."""
+
+    sharing: Sharing
+    block_size_source: str
+    kv_blocks_source: str | None
+    concurrency_bound: KvBounds | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            **self.sharing.to_dict(),
+            "block_size_source": self.block_size_source,
+            "kv_blocks_source": self.kv_blocks_source,
+        }
+        if self.concurrency_bound is not None:
+            out["concurrency_bound"] = self.concurrency_bound.to_dict()
+        return out
+
+
+def prefix_figures(
+    corpus: Corpus, prompts: list[tuple[int, list[int]]], block_size: int, kv_blocks: int | None, *,
+    block_size_source: str, kv_blocks_source: str,
+) -> PrefixFigures:
+    """The prefix figures of a corpus's (prompt tokens, block hashes), in corpus order; the bounds
+    need `kv_blocks`, the pool's size in blocks."""
+    bounds = None
+    if kv_blocks is not None:
+        bounds = kv_bounds(
+            prompts, [r.max_tokens for r in corpus.requests], block_size=block_size, kv_blocks=kv_blocks
+        )
+    return PrefixFigures(
+        sharing=sharing(prompts, block_size, kv_blocks),
+        block_size_source=block_size_source,
+        kv_blocks_source=kv_blocks_source if kv_blocks is not None else None,
+        concurrency_bound=bounds,
+    )
+
+
 def corpus_stats(
-    corpus: Corpus, input_tokens: list[int], tokens: dict[str, Any], prefix_cache: dict[str, Any] | None = None
+    corpus: Corpus, input_tokens: list[int], tokens: dict[str, Any], prefix_cache: PrefixFigures | None = None
 ) -> dict[str, Any]:
-    """The figures `prompts stats` shows, as JSON-ready data; input_tokens[i] belongs to request i.
-    `prefix_cache` is replay.prefix.sharing.Sharing's dict plus where its block and pool sizes came from."""
+    """The figures `prompts stats` shows, as JSON-ready data; input_tokens[i] belongs to request i."""
     reqs = corpus.requests
     forms = {"prompt": sum(r.prompt is not None for r in reqs), "messages": sum(r.messages is not None for r in reqs)}
     categories: dict[str, int] = {}
@@ -74,7 +115,7 @@ def corpus_stats(
         "output_tokens": summary(outputs),
         "total_tokens": summary(totals),
         "without_max_tokens": len(reqs) - len(outputs),
-        "prefix_cache": prefix_cache,
+        "prefix_cache": None if prefix_cache is None else prefix_cache.to_dict(),
     }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from replay.prefix.sharing import block_hashes
+from replay.corpus.jsonl import request_text
+from replay.prefix.sharing import block_hashes, estimate_token_ids
 
 TOKENIZE_WORKERS = 16
 
@@ -48,3 +49,13 @@ async def _each(call, requests: Sequence, workers: int) -> list:
     except BaseExceptionGroup as errors:
         raise errors.exceptions[0] from None
     return counts
+
+
+def estimated_prompt_blocks(requests: Sequence, block_size: int) -> list[tuple[int, list[int]]]:
+    """Every request's (prompt tokens, chained full-block hashes) by the offline estimate
+    (replay.corpus.lengths), in corpus order: what a corpus looks like without a server."""
+    out = []
+    for r in requests:
+        ids = estimate_token_ids(request_text(r))
+        out.append((len(ids), block_hashes(ids, block_size)))
+    return out
