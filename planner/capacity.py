@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from replay.model import ResultModel
 
 # Start-up failure kinds, classified from the server log.
 FailureKind = Literal[
@@ -36,12 +37,7 @@ FailureKind = Literal[
 ]
 
 
-class _Model(BaseModel):
-    # Results written by a newer planner still load: unknown keys are ignored, not refused.
-    model_config = ConfigDict(extra="ignore")
-
-
-class Capacity(_Model):
+class Capacity(ResultModel):
     kv_cache_tokens: int | None = None
     max_concurrency_reported: float | None = None
     # The max_model_len that max_concurrency_reported is quoted for.
@@ -59,7 +55,7 @@ class Capacity(_Model):
     cuda_graph_gib: float | None = None
 
 
-class Failure(_Model):
+class Failure(ResultModel):
     kind: FailureKind
     message: str
     estimated_max_model_len: int | None = None

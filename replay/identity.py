@@ -14,7 +14,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from replay.model import ResultModel
 
 # Files whose names and sizes identify a checkpoint's weights (their bytes are not read: a
 # 140 GB model would take minutes to hash, and a changed weight file changes its size or name
@@ -24,11 +25,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 HASHED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class ModelIdentity(_Model):
+class ModelIdentity(ResultModel):
     # As given to the server (a folder, a Hub name) or as it serves it.
     name: str | None = None
     # The Hub commit, when the model came from the Hub at a known revision.
@@ -42,7 +39,7 @@ class ModelIdentity(_Model):
     max_model_len: int | None = None
 
 
-class Hardware(_Model):
+class Hardware(ResultModel):
     # "gpu" (nvidia-smi answered) or "cpu" (the CPU build, or a machine without nvidia-smi).
     kind: str
     model: str | None = None
@@ -56,7 +53,7 @@ class Hardware(_Model):
     seen_from: str = "local"
 
 
-class Identity(_Model):
+class Identity(ResultModel):
     planner_version: str | None = None
     vllm_version: str | None = None
     # What the server says of its build beyond the version (vLLM's /version has only the version).

@@ -10,10 +10,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from replay.atomic import atomic_text
 from replay.identity import Identity
+from replay.model import ResultModel
 
 # 2: `identity`, what the run measured (replay.identity); version 1 files load without it.
 SCHEMA_VERSION = 2
@@ -23,12 +24,7 @@ LoadMode = Literal["concurrency", "rate", "trace"]
 Verdict = Literal["pass", "fail", "inconclusive", "unresolved"]
 
 
-class _Model(BaseModel):
-    # Results files are read back by `planner report`; tolerate fields added by later versions.
-    model_config = ConfigDict(extra="ignore")
-
-
-class LatencySummary(_Model):
+class LatencySummary(ResultModel):
     mean: float | None = None
     p50: float | None = None
     p90: float | None = None
@@ -40,14 +36,14 @@ class LatencySummary(_Model):
     ci95: dict[str, list[float | None]] | None = None
 
 
-class LoadSpec(_Model):
+class LoadSpec(ResultModel):
     mode: LoadMode
     # concurrency: requests in flight; rate: requests per second; trace: speed factor
     value: float
     seed: int | None = None
 
 
-class ServerLatency(_Model):
+class ServerLatency(ResultModel):
     """One of vLLM's latency histograms over the window (its delta), in milliseconds.
 
     Quantiles use PromQL's histogram_quantile interpolation; `<q>_bucket_ms` is the bucket
@@ -67,7 +63,7 @@ class ServerLatency(_Model):
     p99_bucket_ms: tuple[float, float | None] | None = None
 
 
-class ServerSummary(_Model):
+class ServerSummary(ResultModel):
     metrics_available: bool = False
     # Why metrics are missing, when they are ("no vllm:* metrics at /metrics", "HTTP 404", ...).
     metrics_note: str | None = None
@@ -102,7 +98,7 @@ class ServerSummary(_Model):
     histograms_note: str | None = None
 
 
-class ClientSummary(_Model):
+class ClientSummary(ResultModel):
     # Open-loop loads: how late requests left against their schedule.
     send_lag_p99_ms: float | None = None
     # How late the event loop woke against a 10 ms ticker, for every load mode.
@@ -128,7 +124,7 @@ class ClientSummary(_Model):
     connect_retries: int = 0
 
 
-class TurnLatency(_Model):
+class TurnLatency(ResultModel):
     """One turn number's figures over a step's measured session turns."""
 
     count: int
@@ -140,7 +136,7 @@ class TurnLatency(_Model):
     resent_tokens_mean: float | None = None
 
 
-class SessionSummary(_Model):
+class SessionSummary(ResultModel):
     """A session corpus's step: users (sessions in flight) against requests in flight, both
     time-weighted over the window, and what completed inside it."""
 
@@ -157,7 +153,7 @@ class SessionSummary(_Model):
     resent_tokens: int | None = None
 
 
-class StepResult(_Model):
+class StepResult(ResultModel):
     load: LoadSpec
     started_at: str
     warmup_requests: int
@@ -212,7 +208,7 @@ class StepResult(_Model):
     sessions: SessionSummary | None = None
 
 
-class CorpusInfo(_Model):
+class CorpusInfo(ResultModel):
     path: str
     sha256: str
     requests: int
@@ -221,7 +217,7 @@ class CorpusInfo(_Model):
     sessions: int | None = None
 
 
-class ReplayResults(_Model):
+class ReplayResults(ResultModel):
     schema_version: int = SCHEMA_VERSION
     started_at: str
     url: str

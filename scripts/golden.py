@@ -43,7 +43,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 FAKE_SERVER = ROOT / "tests" / "fakes" / "openai_server.py"
-FAKE_VLLM = ROOT / "tests" / "fakes" / "fake_vllm.py"
 READY_PREFIX = "fake-openai-server ready on "
 
 # Outside a step: numbers whose key names a time, a duration, a rate or memory measured now.
@@ -157,46 +156,21 @@ def replay_find_max(work: Path) -> Path:
 
 
 def sweep(work: Path) -> Path:
+    from tests.fakes.sweep_files import write_corpus, write_sweep_config
+
     # ITL at concurrency C is about 40 ms x (1 + 0.5 C): TPOT 120 ms at 4, 140 at 5, 160 at 6;
-    # the bound of 150 ms splits 5 and 6.
-    corpus = work / "corpus.jsonl"
-    corpus.write_text("".join(
-        json.dumps({"id": f"q{i}", "prompt": f"question {i}: " + "how many GPUs " * 6, "max_tokens": 6}) + "\n"
-        for i in range(60)
-    ))
-    env = {"FAKE_VLLM_ITL_S": "0.04", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005"}
-    cfg = work / "sweep.toml"
-    cfg.write_text(f"""
-prompts = "{corpus}"
-
-[server]
-command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
-model = "golden-fake"
-args = ["--enforce-eager"]
-env = {{ {", ".join(f'{k} = "{v}"' for k, v in env.items())} }}
-startup_timeout_s = 60
-stop_grace_s = 5
-
-[grid]
-max_model_len = [2048]
-[grid.extra]
-kv_cache_memory_bytes = ["64K", "4M"]
-
-[replay]
-start_concurrency = 4
-min_requests = 30
-max_window_s = 60
-request_timeout_s = 30
-
-[slo]
-tpot_p50_ms = 150
-error_rate = 0
-max_preemptions = 0
-headroom = 0.2
-
-[gpus]
-devices = "none"
-""")
+    # the bound of 150 ms splits 5 and 6. 64 KiB of KV cache holds no request of 2048 tokens.
+    cfg = write_sweep_config(
+        work,
+        corpus=write_corpus(work / "corpus.jsonl", n=60),
+        env={"FAKE_VLLM_ITL_S": "0.04", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005"},
+        grid={"max_model_len": [2048]},
+        extra={"kv_cache_memory_bytes": ["64K", "4M"]},
+        replay={"start_concurrency": 4, "min_requests": 30, "max_window_s": 60, "request_timeout_s": 30},
+        slo={"tpot_p50_ms": 150, "error_rate": 0, "max_preemptions": 0, "headroom": 0.2},
+        model="golden-fake",
+        startup_timeout_s=60,
+    )
     out = work / "out"
     planner("sweep", "--config", str(cfg), "--output", str(out))
     return out / "sweep.json"

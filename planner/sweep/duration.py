@@ -35,7 +35,7 @@ def earlier_durations(output_dir: Path) -> dict[str, float]:
     except ValueError:
         return {}
     return {
-        config_key(p.config): p.duration_s
+        duration_key(p.config): p.duration_s
         for p in earlier.points
         if p.status == "ok" and p.duration_s is not None
     }
@@ -50,7 +50,7 @@ def mean_request_tokens(requests, default_max_tokens: int) -> float | None:
     return sum(lengths) / len(lengths) if lengths else None
 
 
-def config_key(config: dict) -> str:
+def duration_key(config: dict) -> str:
     return repr(sorted((k, repr(v)) for k, v in config.items()))
 
 
@@ -64,7 +64,7 @@ def expected_text(
     min_requests: int,
     confirm: bool,
 ) -> str:
-    measured = earlier.get(config_key(point.config))
+    measured = earlier.get(duration_key(point.config))
     if measured is not None:
         return f"expected {duration_text(measured)} (this point's duration in the previous run in the output folder)"
     if request_duration_s is None:

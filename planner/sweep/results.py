@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 from planner.capacity import Capacity, Failure
 from planner.estimate import Estimate
@@ -13,6 +13,7 @@ from replay.slo import rules as slo_mod
 from replay.errors import SloSpecError
 from replay.identity import Identity
 from replay.results import StepResult, write_json_atomic
+from replay.model import ResultModel
 
 RESULTS_FILE = "sweep.json"
 
@@ -38,11 +39,7 @@ INFEASIBLE_KINDS = frozenset(
 )
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class NotPredicted(_Model):
+class NotPredicted(ResultModel):
     """Why a point has no estimate; sweep.json keeps it as the point's prediction ({"error": ...})."""
 
     model_config = ConfigDict(extra="forbid")
@@ -50,7 +47,7 @@ class NotPredicted(_Model):
     error: str
 
 
-class NodeRank(_Model):
+class NodeRank(ResultModel):
     """One node of a point that vLLM spreads over several ([grid.extra] nnodes): rank 0 serves the
     API and is replayed against; the others run vLLM headless."""
 
@@ -64,7 +61,7 @@ class NodeRank(_Model):
     exit_code: int | None = None
 
 
-class PointResult(_Model):
+class PointResult(ResultModel):
     id: str
     # The point's axis values: flag names in underscore form (max_model_len, gpu_memory_utilization,
     # tensor_parallel_size, and every [grid.extra] flag) plus "env" for [grid.env] axes.
@@ -127,7 +124,7 @@ class PointResult(_Model):
     log_path: str | None = None
 
 
-class Best(_Model):
+class Best(ResultModel):
     point_id: str
     safe_concurrency_per_gpu: float
     output_tokens_per_s_per_gpu: float | None = None
@@ -136,18 +133,18 @@ class Best(_Model):
     others: dict[str, str] = Field(default_factory=dict)
 
 
-class CorpusInfo(_Model):
+class CorpusInfo(ResultModel):
     path: str
     sha256: str
     requests: int
 
 
-class CpuSplitInfo(_Model):
+class CpuSplitInfo(ResultModel):
     server: list[int]
     client: list[int]
 
 
-class RunInfo(_Model):
+class RunInfo(ResultModel):
     """What this run found rather than what it was told: the corpus, vLLM's version, the GPUs."""
 
     corpus: CorpusInfo | None = None
@@ -161,7 +158,7 @@ class RunInfo(_Model):
 _RUN_KEYS_IN_V1_SETTINGS = ("corpus", "vllm_version", "gpus_found")
 
 
-class _Saved(_Model):
+class _Saved(ResultModel):
     """A section saved as given: any keys, written back in the order they came in (typed fields
     would otherwise go first)."""
 
@@ -214,7 +211,7 @@ class SavedSettings(_Saved):
     slo: SavedSlo = Field(default_factory=SavedSlo)
 
 
-class SweepResults(_Model):
+class SweepResults(ResultModel):
     schema_version: int = SCHEMA_VERSION
     started_at: str
     # The sweep settings as given (secrets replaced by "***"; see planner.sweep.config.public_settings).

@@ -9,7 +9,9 @@ from tests.unit.test_imports import ROOT, _imports
 
 # In flow order. The shared modules come first: every stage may use them.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("shared", ("replay", "replay.errors", "replay.atomic", "replay.records", "replay.identity", "replay.results")),
+    ("shared", (
+        "replay", "replay.errors", "replay.atomic", "replay.model", "replay.records", "replay.identity", "replay.results",
+    )),
     ("stats", ("replay.stats",)),
     ("corpus", ("replay.corpus",)),
     ("load", ("replay.load",)),
