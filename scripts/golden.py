@@ -31,10 +31,8 @@ import contextlib
 import difflib
 import json
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,8 +40,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FAKE_SERVER = ROOT / "tests" / "fakes" / "openai_server.py"
-READY_PREFIX = "fake-openai-server ready on "
 
 # Outside a step: numbers whose key names a time, a duration, a rate or memory measured now.
 TIMING_KEY = re.compile(r"(_s|_at|_per_s|_per_gpu|_mib|_ms|_ci95)$")
@@ -103,32 +99,13 @@ def normalize(value: Any, key: str = "", *, in_step: bool = False, subs: dict[st
 @contextlib.contextmanager
 def fake_server(log: Path, *args: str) -> Iterator[str]:
     """The fake OpenAI server as a process; yields its URL and stops it after."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(FAKE_SERVER), "--host", "127.0.0.1", "--port", "0", "--seed", "0", *args],
-            stdout=out, stderr=subprocess.STDOUT,
-        )
+    from tests.fakes.openai_server import start_process, stop_process
+
+    proc, url = start_process(log, "--host", "127.0.0.1", "--port", "0", "--seed", "0", *args, ready_timeout_s=30)
     try:
-        deadline = time.perf_counter() + 30
-        while True:
-            for line in log.read_text(errors="replace").splitlines():
-                if line.startswith(READY_PREFIX):
-                    url = line[len(READY_PREFIX):].strip()
-                    break
-            else:
-                if proc.poll() is not None or time.perf_counter() > deadline:
-                    raise RuntimeError(f"the fake server did not start:\n{log.read_text(errors='replace')}")
-                time.sleep(0.05)
-                continue
-            break
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout_s=10)
 
 
 def planner(*argv: str) -> None:
