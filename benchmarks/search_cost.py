@@ -39,9 +39,9 @@ from replay.client.streaming import StreamingClient  # noqa: E402
 from replay.corpus.jsonl import load_corpus  # noqa: E402
 from replay.load.kinds import Concurrency  # noqa: E402
 from replay.results import StepResult  # noqa: E402
-from replay.search.policy import bracket, next_probe  # noqa: E402
 from replay.run.runner import Replay, search_start  # noqa: E402
 from replay.run.settings import ReplaySettings  # noqa: E402
+from replay.search.policy import bracket, next_probe  # noqa: E402
 from tests.fakes.openai_server import start_process  # noqa: E402
 
 ITL_S, GROWTH, TTFT_S, TOKENS = 0.020, 0.05, 0.020, 15

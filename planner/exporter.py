@@ -20,9 +20,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from planner.errors import ConfigError
-from replay.server.crosscheck import CLOCK_RESOLUTION_S
 from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
+from replay.server.crosscheck import CLOCK_RESOLUTION_S
 
 DEFAULT_POINT = "replay"
 

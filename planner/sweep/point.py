@@ -47,12 +47,12 @@ from planner.vllm_log import log_tail
 from replay.client.streaming import METRICS_CONNECTIONS, StreamingClient
 from replay.corpus.jsonl import Corpus
 from replay.errors import ReplayError, ServerError, StepAborted
-from replay.step.observer import Observers
-from replay.results import StepResult
-from replay.search.policy import bracket
-from replay.run.runner import Replay, SearchOutcome
-from replay.search.verdicts import concurrency_history
 from replay.prefix.tokens import TOKENIZE_WORKERS, prompt_blocks, token_counts
+from replay.results import StepResult
+from replay.run.runner import Replay, SearchOutcome
+from replay.search.policy import bracket
+from replay.search.verdicts import concurrency_history
+from replay.step.observer import Observers
 
 
 # Saves the point's result where its sweep keeps it (sweep.json, or the driver across Ray).

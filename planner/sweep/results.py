@@ -9,11 +9,11 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_serializer, model_val
 
 from planner.capacity import Capacity, Failure
 from planner.estimate import Estimate
-from replay.slo import rules as slo_mod
 from replay.errors import SloSpecError
 from replay.identity import Identity
-from replay.results import StepResult, write_json_atomic
 from replay.model import ResultModel
+from replay.results import StepResult, write_json_atomic
+from replay.slo import rules as slo_mod
 
 RESULTS_FILE = "sweep.json"
 

@@ -29,10 +29,10 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from replay.errors import AuthError, ModelNotServed, ReplayError, ServerError, ServerUnreachable
-from replay.records import RequestRecord
 from replay.client.sse import DONE, SSEParser
 from replay.client.transport import LoadTransport
+from replay.errors import AuthError, ModelNotServed, ReplayError, ServerError, ServerUnreachable
+from replay.records import RequestRecord
 
 Api = Literal["completions", "chat"]
 COMPLETIONS_PATH = "/v1/completions"

@@ -23,8 +23,8 @@ from typing import Any
 
 from replay.atomic import atomic_text
 from replay.corpus.jsonl import ROLES, check_messages, json_kind
-from replay.errors import CorpusError
 from replay.corpus.lengths import estimate_tokens
+from replay.errors import CorpusError
 
 
 @dataclass

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replay.atomic import atomic_text
-from replay.errors import CorpusError
 from replay.corpus.lengths import BYTES_PER_TOKEN
+from replay.errors import CorpusError
 
 MOONCAKE_BLOCK_SIZE = 512
 _ALPHABET = string.ascii_lowercase + " "

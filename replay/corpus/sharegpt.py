@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from replay.atomic import atomic_text
-from replay.errors import CorpusError
 from replay.corpus.lengths import estimate_tokens
+from replay.errors import CorpusError
 
 # ShareGPT dumps name the speakers in several ways; these are the ones seen in the common sets.
 SHAREGPT_ROLES = {

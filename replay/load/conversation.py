@@ -22,10 +22,10 @@ from typing import Literal
 
 import numpy as np
 
-from replay.stats import samples as stats
 from replay.corpus.jsonl import CorpusRequest, Session
 from replay.records import RequestRecord
 from replay.results import SessionSummary, TurnLatency
+from replay.stats import samples as stats
 
 ThinkDistribution = Literal["fixed", "exponential"]
 

@@ -10,20 +10,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from replay.load.conversation import SessionCursor, ThinkTime, mean_think_per_request_s, turn_request
 from replay.client.streaming import StreamingClient
 from replay.corpus.jsonl import Corpus
 from replay.errors import StepAborted
-from replay.results import StepResult
-from replay.search.eta import search_eta_s
+from replay.load.conversation import SessionCursor, ThinkTime, mean_think_per_request_s, turn_request
+from replay.load.drivers import RequestCursor
 from replay.load.kinds import Concurrency, Load, PoissonRate, TraceReplay
-from replay.step.observer import ReplayObserver
-from replay.search.saturation import first_probe, saturation_probe
+from replay.results import StepResult
+from replay.run.settings import ReplaySettings
+from replay.search.eta import search_eta_s
 from replay.search.policy import bracket, next_probe, unresolved
+from replay.search.saturation import first_probe, saturation_probe
 from replay.search.verdicts import concurrency_history, probe_of
 from replay.server.metrics import MetricsScraper
-from replay.run.settings import ReplaySettings
-from replay.load.drivers import RequestCursor
+from replay.step.observer import ReplayObserver
 from replay.step.run import run_step
 from replay.step.window import Window
 

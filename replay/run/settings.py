@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from replay.step.window import Window
 from replay.client.streaming import StreamingClient
 from replay.slo import rules as slo_mod
+from replay.step.window import Window
 
 
 class ReplaySettings(BaseModel):

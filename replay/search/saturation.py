@@ -27,10 +27,10 @@ import contextlib
 import re
 from dataclasses import dataclass, replace
 
-from replay.stats import samples as stats
 from replay.records import RequestRecord
 from replay.results import LatencySummary
 from replay.server.metrics import parse_sample
+from replay.stats import samples as stats
 
 SCRAPE_EVERY_S = 0.1
 TPOT_KEY = re.compile(r"^tpot_(mean|p50|p90|p95|p99|max)_ms$")

@@ -27,9 +27,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from replay.stats import intervals
 from replay.errors import SloSpecError
 from replay.results import StepResult, Verdict
+from replay.stats import intervals
 
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99", "max")

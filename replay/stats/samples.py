@@ -6,9 +6,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from replay.stats import intervals
 from replay.records import RequestRecord
 from replay.results import LatencySummary
+from replay.stats import intervals
 
 PERCENTILES = (50, 90, 95, 99)
 

@@ -10,13 +10,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from replay.stats import intervals, samples as stats
-from replay.server.crosscheck import itl_gaps_ms
 from replay.load.kinds import Concurrency, Load
 from replay.records import RequestRecord
 from replay.results import ClientSummary, ServerSummary, StepResult, updated
-from replay.stats.steady import steady_start
+from replay.server.crosscheck import itl_gaps_ms
 from replay.slo import rules as slo_mod
+from replay.stats import intervals, samples as stats
+from replay.stats.steady import steady_start
 
 # Above these the client, not the server, may have been the limit: its own timing is suspect.
 CLIENT_SEND_LAG_LIMIT_MS = 50.0

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from replay.prefix.bound import prefix_aware_bound, request_blocks
 from planner.vllm_log import cache_config_labels
 from replay.corpus.jsonl import load_corpus
+from replay.prefix.bound import prefix_aware_bound, request_blocks
 from replay.prefix.corpus_stats import server_prompt_blocks
 from replay.prefix.sharing import sharing
 from replay.run.entry import run_replay

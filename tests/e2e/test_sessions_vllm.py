@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from replay.client.streaming import StreamingClient
-from replay.load.conversation import TurnRequest
 from replay.corpus.jsonl import load_corpus
+from replay.load.conversation import TurnRequest
 from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
 from replay.run.entry import run_replay

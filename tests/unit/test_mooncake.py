@@ -9,9 +9,9 @@ import pytest
 
 from planner.cli import main
 from replay.corpus.jsonl import load_corpus
-from replay.errors import CorpusError
 from replay.corpus.lengths import estimate_tokens
 from replay.corpus.mooncake import convert_mooncake
+from replay.errors import CorpusError
 from replay.prefix.sharing import block_hashes, estimate_token_ids
 
 BLOCK = 16

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.prefix.bound import prefix_aware_bound
 from replay.corpus.lengths import estimate_tokens
+from replay.prefix.bound import prefix_aware_bound
 from replay.prefix.sharing import block_hashes, estimate_token_ids, sharing, simulate_hits
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "prefix_cache" / "vllm_block_hashes.json"

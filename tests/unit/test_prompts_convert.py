@@ -9,8 +9,8 @@ import pytest
 
 from planner.cli import main
 from replay.corpus.jsonl import load_corpus
-from replay.errors import CorpusError
 from replay.corpus.sharegpt import convert_sharegpt
+from replay.errors import CorpusError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
 

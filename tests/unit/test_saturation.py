@@ -3,10 +3,10 @@
 import asyncio
 from dataclasses import dataclass
 
+from replay.load.drivers import RequestCursor
 from replay.records import RequestRecord
 from replay.results import LatencySummary
 from replay.search.saturation import MAX_TOKENS, Saturation, first_probe, saturation_probe
-from replay.load.drivers import RequestCursor
 
 
 @dataclass(slots=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from replay.load.conversation import Occupancy, SessionCursor, ThinkTime, mean_think_per_request_s
 from replay.corpus.jsonl import load_corpus
 from replay.errors import CorpusError
+from replay.load.conversation import Occupancy, SessionCursor, ThinkTime, mean_think_per_request_s
 from replay.load.kinds import Concurrency, PoissonRate, TraceReplay
 from replay.step.run import run_step
 from replay.step.window import Window

@@ -1,8 +1,8 @@
 import pytest
 
-from replay.slo import rules as slo
 from replay.errors import SloSpecError
 from replay.results import LatencySummary, ServerLatency, ServerSummary
+from replay.slo import rules as slo
 from tests.fakes.results import make_step
 
 

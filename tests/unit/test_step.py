@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from replay.load.drivers import RequestCursor
 from replay.load.kinds import Concurrency, PoissonRate, TraceReplay
 from replay.records import RequestRecord
-from replay.load.drivers import RequestCursor
 from replay.step.run import run_step
 from replay.step.window import Window
 from tests.fakes.senders import CORPUS, Req, SleepySender

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from replay.load.kinds import Concurrency
 from replay.load.drivers import RequestCursor
+from replay.load.kinds import Concurrency
 from replay.step.run import run_step
 from replay.step.window import EARLY_FAIL_REQUESTS, SIZE_FACTOR, Window, expected_window_s
 from tests.fakes.senders import CORPUS, SleepySender
