@@ -20,7 +20,7 @@ from replay.model import ResultModel
 SCHEMA_VERSION = 2
 
 LoadMode = Literal["concurrency", "rate", "trace"]
-# unresolved: the window ran out of time before its bounds were finite (see replay.step.run).
+# unresolved: the window ran out of time before its bounds were finite (see replay.step.window).
 Verdict = Literal["pass", "fail", "inconclusive", "unresolved"]
 
 

@@ -31,7 +31,7 @@ class ReplaySettings(BaseModel):
     # its mean in seconds and its distribution (replay.load.conversation.ThinkTime).
     think_time_s: float = Field(default=0.0, ge=0)
     think_time_distribution: Literal["fixed", "exponential"] = "exponential"
-    # Measurement windows (see replay.step.run).
+    # Measurement windows (see replay.step.window).
     warmup_requests: int | None = Field(default=None, ge=0)
     warmup_s: float = Field(default=0.0, ge=0)
     # None: what the SLOs' percentiles need for a finite bound (368 for a p99), at least 100.
@@ -40,7 +40,7 @@ class ReplaySettings(BaseModel):
     max_requests: int | None = Field(default=None, ge=1)
     min_window_s: float = Field(default=0.0, ge=0)
     # The window's time limit. None: sized from the request duration the warm-up measured (twice
-    # the expected wall time of max_requests; replay.step.run).
+    # the expected wall time of max_requests; replay.step.window).
     max_window_s: float | None = Field(default=None, gt=0)
     # The longest a warm-up may take before the server counts as stalled (with max_window_s unset).
     warmup_timeout_s: float = Field(default=600.0, gt=0)

@@ -1,6 +1,6 @@
 """A step's result from its records: the figures, their intervals, attainment and goodput, with
 the steady-state rule applied (replay.stats.steady). Pure functions of the records, so the window's
-stopping rule (replay.step.run) and the final result compute them the same way.
+stopping rule (replay.step.window) and the final result compute them the same way.
 """
 
 from __future__ import annotations
