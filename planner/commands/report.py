@@ -54,13 +54,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="C",
         help="size the fleet for C concurrent requests (env PLANNER_TARGET_CONCURRENCY)",
     )
+    p.add_argument(
+        "--gpu-hour-price",
+        action="append",
+        default=[],
+        metavar="PRICE|TYPE=PRICE",
+        help="dollars per GPU-hour: PRICE for every GPU, or TYPE=PRICE for one GPU type (H100=2.49), repeatable;"
+        " over the sweep config's [cost] gpu_hour. No prices are built in",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from planner.report import write_report
 
-    paths = write_report(args.results, target_rps=args.target_rps, target_concurrency=args.target_concurrency)
+    paths = write_report(
+        args.results,
+        target_rps=args.target_rps,
+        target_concurrency=args.target_concurrency,
+        gpu_hour_price=args.gpu_hour_price,
+    )
     console = Console()
     for path in paths:
         console.print(str(path), highlight=False, soft_wrap=True)
