@@ -39,7 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
             "With a target load, also size the fleet for every feasible point."
         ),
     )
-    p.add_argument("results", type=Path, metavar="DIR", help="a folder holding sweep.json or replay.json")
+    p.add_argument(
+        "results",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="a folder holding sweep.json or replay.json; with several (sweeps on different machines) and a"
+        " target, rank every measured point by the fleet's cost instead",
+    )
     p.add_argument(
         "--target-rps",
         type=_positive_float,
@@ -66,10 +73,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.report import write_report
+    from planner.report import rank_sweeps, write_report
 
+    if len(args.results) > 1:
+        text = rank_sweeps(
+            args.results,
+            target_rps=args.target_rps,
+            target_concurrency=args.target_concurrency,
+            gpu_hour_price=args.gpu_hour_price,
+        )
+        Console(soft_wrap=True).print(text, markup=False, highlight=False, end="")
+        return 0
     paths = write_report(
-        args.results,
+        args.results[0],
         target_rps=args.target_rps,
         target_concurrency=args.target_concurrency,
         gpu_hour_price=args.gpu_hour_price,
