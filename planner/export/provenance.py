@@ -189,7 +189,7 @@ def _from_sweep(source: Path, results: SweepResults, point_id: str | None) -> Me
     env.update({k: str(v) for k, v in (p.config.get("env") or {}).items()})
     command = p.command or (results.identity.server_command if results.identity else None) or []
     program, model, revision, flags = _split_command(source, p.id, command)
-    api_key_used = getattr(results.settings.server, "api_key", None) is not None or REDACTED in flags
+    api_key_used = getattr(results.settings.server, "api_key", None) is not None or _api_key_in(command)
     return _point(
         source=source,
         point_id=p.id,
@@ -258,7 +258,7 @@ def _from_replay(source: Path, results: ReplayResults, point_id: str | None, ser
         revision=revision or (results.identity.model.revision if results.identity else None),
         flags=flags,
         env=dict(results.identity.server_env or {}) if results.identity else {},
-        api_key_used=REDACTED in flags,
+        api_key_used=_api_key_in(command),
         vllm_version=results.identity.vllm_version if results.identity else None,
         gpus=Figure(_flag_gpus(flags), "the server command's --tensor-parallel-size x --pipeline-parallel-size"),
         gpu_model=results.identity.hardware.model if results.identity and results.identity.hardware else None,
@@ -288,34 +288,32 @@ def _flag_gpus(flags: tuple[str, ...]) -> int:
 
 def _split_command(source: Path, point_id: str, command: list[str]) -> tuple[tuple[str, ...], str, str | None, tuple[str, ...]]:
     """(program, model, revision, flags) of a recorded server command, without --host/--port and
-    --api-key (the key is passed as VLLM_API_KEY)."""
+    --api-key (the key is passed as VLLM_API_KEY). The program is everything before the first
+    `--flag` (`vllm serve`, `python -m vllm.entrypoints.openai.api_server`), less the model that
+    `vllm serve MODEL` puts there."""
     tokens = list(command)
-    program: list[str] = []
     model: str | None = None
+    serve = tokens.index("serve") if "serve" in tokens else -1
+    if 0 <= serve < len(tokens) - 1 and not tokens[serve + 1].startswith("-"):
+        program, model, rest = tokens[: serve + 1], tokens[serve + 1], tokens[serve + 2 :]
+    else:
+        cut = next((i for i, tok in enumerate(tokens) if tok.startswith("--")), len(tokens))
+        program, rest = tokens[:cut], tokens[cut:]
     revision: str | None = None
     flags: list[str] = []
     i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        name, eq, inline = tok.partition("=")
-        takes = name in (*_LISTEN_FLAGS, "--model", "--revision", "--api-key")
-        value = inline if eq else (tokens[i + 1] if takes and i + 1 < len(tokens) else None)
-        step = 1 if eq or not takes else 2
-        if name == "--model":
-            model = value
-        elif name == "--revision":
-            revision = value
-        elif name in (*_LISTEN_FLAGS, "--api-key"):
-            pass
-        elif tok.startswith("-"):
-            flags.append(tok)
-        elif model is None and flags == [] and program and program[-1] == "serve":
-            model = tok  # `vllm serve MODEL`
-        elif flags:
-            flags.append(tok)
-        else:
-            program.append(tok)
-        i += step
+    while i < len(rest):
+        name, eq, inline = rest[i].partition("=")
+        if name in (*_LISTEN_FLAGS, "--model", "--revision", "--api-key"):
+            value = inline if eq else (rest[i + 1] if i + 1 < len(rest) else None)
+            if name == "--model":
+                model = value
+            elif name == "--revision":
+                revision = value
+            i += 1 if eq else 2
+            continue
+        flags.append(rest[i])
+        i += 1
     if model is None:
         raise ReportError(
             f"{source}: point {point_id}: the server command names no model ({shlex.join(command) or 'empty'});"
@@ -324,6 +322,10 @@ def _split_command(source: Path, point_id: str, command: list[str]) -> tuple[tup
     if "@" in model and revision is None and not model.startswith(("/", ".")):
         model, revision = model.rsplit("@", 1)
     return tuple(program), model, revision, tuple(flags)
+
+
+def _api_key_in(command: list[str]) -> bool:
+    return any(tok == "--api-key" or tok.startswith("--api-key=") for tok in command)
 
 
 def _served_name(model: str, flags: tuple[str, ...]) -> str:

@@ -163,3 +163,26 @@ def test_a_replay_needs_the_server_command(tmp_path, capsys):
     assert main(["export", str(replay), "--format", "serve", "--server-command", "vllm serve org/m@rev1 -tp 2"]) == 0
     out = capsys.readouterr().out
     assert "--model org/m" in out and "--revision rev1" in out and "a replay keeps no headroom" in out
+
+
+@pytest.mark.parametrize(
+    ("command", "program", "model", "revision", "flags", "key"),
+    [
+        ("vllm serve org/m@r1 --max-num-seqs 64 --api-key=s3cret", ["vllm", "serve"], "org/m", "r1", ["--max-num-seqs", "64"], True),
+        ("python -m vllm.entrypoints.openai.api_server --model /m --host 0.0.0.0 --port 9 -tp 2",
+         ["python", "-m", "vllm.entrypoints.openai.api_server"], "/m", None, ["-tp", "2"], False),
+    ],
+)
+def test_a_replays_server_command_is_split_into_program_model_and_flags(
+    tmp_path, command, program, model, revision, flags, key
+):
+    point = load_point(FIXTURES / "replay", server_command=command)
+    assert (list(point.program), point.model, point.revision, list(point.flags)) == (program, model, revision, flags)
+    assert ("VLLM_API_KEY" in point.secret_env) is key
+    assert "s3cret" not in serve.render(point)
+
+
+def test_the_grafana_panel_uses_the_dashboards_datasource(point):
+    dashboard = json.loads((FIXTURES.parents[2] / "docker" / "grafana" / "dashboards" / "planner.json").read_text())
+    uids = {p.get("datasource", {}).get("uid") for p in dashboard["panels"] if p.get("datasource")}
+    assert json.loads(alerts.render_panel(point))["datasource"]["uid"] in uids
