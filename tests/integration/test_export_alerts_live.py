@@ -83,8 +83,11 @@ def _alert_seen(prometheus: str, state: str = "firing") -> bool:
 @pytest.mark.timeout(300)
 def test_running_above_the_safe_concurrency_fires_and_at_it_stays_quiet(tmp_path):
     sweep, model = _sweep(tmp_path)
-    safe = SweepResults.model_validate_json((sweep / "sweep.json").read_text()).points[0].safe_concurrency
+    measured = SweepResults.model_validate_json((sweep / "sweep.json").read_text()).points[0]
+    safe = measured.safe_concurrency
     assert safe and safe >= 2
+    # The start-up the probes are sized from is recorded with the point.
+    assert measured.startup_s is not None and 0 < measured.startup_s <= 30
 
     deploy = tmp_path / "deploy"
     assert main(["export", str(sweep), "--format", "alerts", "--output", str(deploy),
