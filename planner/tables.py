@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -122,9 +123,9 @@ def replay_summary(results: ReplayResults) -> list[str]:
     return lines
 
 
-def sweep_table(results) -> Table:
+def sweep_table(results, gpu_hour_price: Sequence[str] = ()) -> Table:
     table = Table(title="sweep", title_justify="left")
-    priced = cost.prices((), cost.saved_gpu_hour(results.settings.model_extra))
+    priced = cost.prices(gpu_hour_price, cost.saved_gpu_hour(results.settings.model_extra))
     for name in ["point", "status", "KV tokens", "reported conc.", "bound", "bound (cache)", "max passing", "safe", "safe/GPU",
                  "out tok/s/GPU", "binding constraint"] + (["$/h/replica", "$/1M out tok"] if priced else []):
         table.add_column(name, justify="left" if name in ("point", "status", "binding constraint") else "right")

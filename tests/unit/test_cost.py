@@ -90,3 +90,19 @@ def test_the_sweep_table_shows_cost_when_the_config_prices_the_gpus():
     text = _rendered(sweep_table(results))
     row = next(line for line in text.splitlines() if "mml8192-gmu0.85-tp2" in line)
     assert "$4.00" in row and "$0.832" in row
+
+
+def test_the_sweep_table_takes_flag_prices_over_the_config():
+    results = sweep_fixture()
+    row = next(line for line in _rendered(sweep_table(results, ["1.5"])).splitlines() if "mml8192-gmu0.85-tp2" in line)
+    assert "$3.00" in row
+
+
+def test_a_mistyped_sweep_price_fails_before_the_sweep_runs(tmp_path, capsys):
+    from planner.cli import main
+
+    config = tmp_path / "sweep.toml"
+    config.write_text('[server]\nmodel = "m"\n[gpus]\ndevices = "none"\n')
+    assert main(["sweep", "--config", str(config), "--output", str(tmp_path / "out"), "--gpu-hour-price", "H100=abc"]) == 2
+    assert "--gpu-hour-price 'H100=abc'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
