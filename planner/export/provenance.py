@@ -179,6 +179,12 @@ def _pick(source: Path, results: SweepResults, point_id: str | None) -> PointRes
 
 def _from_sweep(source: Path, results: SweepResults, point_id: str | None) -> MeasuredPoint:
     p = _pick(source, results, point_id)
+    if len(p.ranks) > 1:
+        raise ReportError(
+            f"{source}: point {p.id} ran across {len(p.ranks)} nodes; these exports describe one-node replicas"
+            " (one Deployment pod), and a multi-node replica needs a LeaderWorkerSet or a Ray cluster; export a"
+            " one-node point with --point"
+        )
     where = f"{source.name} points[{p.id}]"
     headroom = results.settings.slo.headroom if results.settings.slo.headroom is not None else 0.0
     safe = Figure(

@@ -186,3 +186,11 @@ def test_the_grafana_panel_uses_the_dashboards_datasource(point):
     dashboard = json.loads((FIXTURES.parents[2] / "docker" / "grafana" / "dashboards" / "planner.json").read_text())
     uids = {p.get("datasource", {}).get("uid") for p in dashboard["panels"] if p.get("datasource")}
     assert json.loads(alerts.render_panel(point))["datasource"]["uid"] in uids
+
+
+def test_a_point_across_nodes_is_refused_rather_than_exported_as_one_pod(tmp_path):
+    sweep = full_sweep(tmp_path)
+    text = sweep.read_text().replace('"ranks": []', '"ranks": [{"rank": 0}, {"rank": 1}]', 1)
+    sweep.write_text(text)
+    with pytest.raises(ReportError, match="ran across 2 nodes"):
+        load_point(sweep, point_id="mml8192-gmu0.85-tp1")
