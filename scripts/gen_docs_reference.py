@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import inspect
 import json
 import os
@@ -59,13 +60,21 @@ def _code(text: object) -> str:
 # --- CLI -----------------------------------------------------------------------------------------
 
 
-def _clean_environment() -> None:
+@contextlib.contextmanager
+def _clean_environment():
     """Defaults some flags read from PLANNER_* variables; the page shows the code's own, and a fixed
-    terminal width keeps argparse's usage lines the same on every machine."""
-    for name in list(os.environ):
-        if name.startswith("PLANNER_"):
-            del os.environ[name]
-    os.environ["COLUMNS"] = "100"
+    terminal width keeps argparse's usage lines the same on every machine. The environment is put
+    back afterwards (a test process keeps its own)."""
+    saved = dict(os.environ)
+    try:
+        for name in list(os.environ):
+            if name.startswith("PLANNER_"):
+                del os.environ[name]
+        os.environ["COLUMNS"] = "100"
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
@@ -80,7 +89,7 @@ def _flag_rows(parser: argparse.ArgumentParser) -> list[tuple[str, list[argparse
     for group in parser._action_groups:
         actions = [
             a for a in group._group_actions
-            if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction, argparse._VersionAction))
+            if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
         ]
         if actions:
             groups.append((group.title or "options", actions))
@@ -158,20 +167,20 @@ def cli_page() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def cli_flags() -> list[str]:
-    """Every option string of every command (for the test that each one is documented)."""
+def cli_flags() -> dict[str, list[str]]:
+    """Every option string of every command, by command (for the test that each one is documented)."""
     from planner.cli import build_parser
 
-    flags: list[str] = []
+    flags: dict[str, list[str]] = {}
 
-    def walk(p: argparse.ArgumentParser) -> None:
-        for a in p._actions:
-            flags.extend(o for o in a.option_strings if o.startswith("--"))
-        for _, sub in _subcommands(p):
-            walk(sub)
+    def walk(name: str, p: argparse.ArgumentParser) -> None:
+        flags[name] = [o for a in p._actions for o in a.option_strings]
+        for sub_name, sub in _subcommands(p):
+            walk(f"{name} {sub_name}", sub)
 
-    walk(build_parser())
-    return sorted(set(flags))
+    with _clean_environment():
+        walk("planner", build_parser())
+    return flags
 
 
 # --- models (config and results) -----------------------------------------------------------------
@@ -554,16 +563,16 @@ def errors_page() -> str:
 
 
 def pages() -> dict[str, str]:
-    """Every generated page by file name, and the undocumented result fields."""
-    _clean_environment()
-    results, _ = results_page()
-    return {
-        "cli.md": cli_page(),
-        "config.md": config_page(),
-        "results.md": results,
-        "metrics.md": metrics_page(),
-        "errors.md": errors_page(),
-    }
+    """Every generated page's text, by file name."""
+    with _clean_environment():
+        results, _ = results_page()
+        return {
+            "cli.md": cli_page(),
+            "config.md": config_page(),
+            "results.md": results,
+            "metrics.md": metrics_page(),
+            "errors.md": errors_page(),
+        }
 
 
 def stale_pages() -> list[str]:
