@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 DEMO_OUT ?= results/cpu-demo
 PYTEST_ARGS ?=
 
-.PHONY: install vllm model prometheus chromium demo test unit integration e2e bench docs docs-ref clean
+.PHONY: install vllm model prometheus chromium demo test unit integration e2e bench docs docs-serve docs-ref clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ bench: install model
 docs: install
 	$(PY) scripts/gen_docs_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The built site on http://127.0.0.1:8000 (search included), until Ctrl-C.
+docs-serve: docs
+	$(PY) -m http.server --bind 127.0.0.1 --directory site 8000
 
 # Rewrites docs/reference/ from the code (commands, config keys, result fields, metrics, errors).
 docs-ref: install

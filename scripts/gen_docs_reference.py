@@ -260,8 +260,7 @@ def _default_text(field) -> str:
     else:
         return "required"
     if isinstance(value, BaseModel):
-        value = value.model_dump(mode="json")
-        return _code(value) if value else ""
+        return ""  # a nested table or object: its own fields say their defaults
     if value is None:
         return "none"
     if isinstance(value, bool):

@@ -142,3 +142,23 @@ def test_unmarked_commands_run_and_print_what_the_page_shows(command: Command, t
     printed = {line.rstrip() for line in done.stdout.splitlines()}
     missing = [line for line in command.shown_output if line.strip() and line.strip() != "..." and line.rstrip() not in printed]
     assert not missing, f"{command}: the page shows lines the command no longer prints:\n" + "\n".join(missing) + f"\n--- it printed:\n{done.stdout}"
+
+
+TOML_FILES = [
+    (str(path.relative_to(ROOT)), first, "\n".join(lines))
+    for path in PAGES
+    for first, lang, _, lines in _blocks(path)
+    if lang == "toml" and any(line.startswith("[server]") for line in lines)
+]
+
+
+@pytest.mark.parametrize(("page", "line", "text"), TOML_FILES, ids=[f"{p}:{n}" for p, n, _ in TOML_FILES])
+def test_sweep_files_shown_on_the_pages_validate(page: str, line: int, text: str, tmp_path: Path):
+    # A whole sweep file shown as an example must load as written: every key known, every value valid.
+    path = tmp_path / "sweep.toml"
+    path.write_text(text, encoding="utf-8")
+    load_settings(path)
+
+
+def test_the_pages_show_a_sweep_file():
+    assert TOML_FILES, "no sweep file ([server] table) found in a ```toml block of the pages"
