@@ -1,16 +1,20 @@
 """Every command the README, the docs' home, Get started and Guides pages show still works.
 
 A code block whose title starts with "needs" (```sh title="needs a GPU"```) shows commands that
-need something a test does not have (a GPU, a vLLM server, the Hugging Face Hub, your own files):
+need something a test does not have (a GPU, a vLLM server, the Hugging Face Hub, a model folder):
 each of its `planner` commands must still parse, flags and values, and the config file it names
-must still validate; a `make` line's target must exist. Every other block's commands run here, and the output the page shows beside a
-command (`$ planner ...` then its lines; `...` elides) must be in what the command prints now.
+must still validate; a `make` line's target must exist (those titled "needs a vLLM server" also run
+against the fake server: tests/integration/test_docs_server_commands.py). Every other block's commands run here, in a
+folder with the repository's prompts/ and tests/ and the input files the pages name (INPUTS), and
+the output the page shows beside a command (`$ planner ...` then its lines; `...` elides) must be
+in what the command prints now.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -31,6 +35,12 @@ PAGES = [
 # Programs of other projects that the pages show (a Ray cluster's set-up, `echo $?`); they are
 # the reader's own, not checked here.
 OTHER_PROGRAMS = {"ray", "pip", "docker", "kubectl", "echo"}
+# The files the pages' examples read, by the name they give them: the repository's fixtures.
+INPUTS = {
+    "sharegpt.json": "tests/fixtures/corpus/sharegpt.json",
+    "requests-log.jsonl": "tests/fixtures/corpus/chat-log.jsonl",
+    "trace.jsonl": "tests/fixtures/corpus/mooncake-trace.jsonl",
+}
 FENCE = re.compile(r'^```(\w*)\s*(?:title="([^"]*)")?\s*$')
 
 
@@ -134,9 +144,17 @@ def test_unmarked_commands_run_and_print_what_the_page_shows(command: Command, t
     if command.argv[0] == "make":
         return  # the set-up targets: `make test` is what CI runs, so its target existing is the check here
     assert command.argv[0] == "planner", f"{command}: only planner commands run here; mark the block with what it needs"
+    # In a folder of its own, with the repository's prompts/ and tests/ and the inputs the pages name.
+    work = tmp_path / "work"
+    work.mkdir()
+    for folder in ("prompts", "tests"):
+        (work / folder).symlink_to(ROOT / folder)
+    for name, fixture in INPUTS.items():
+        shutil.copy(ROOT / fixture, work / name)
     done = subprocess.run(
         [sys.executable, "-m", "planner", *command.argv[1:]],
-        cwd=ROOT, capture_output=True, text=True, timeout=100, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        cwd=work, capture_output=True, text=True, timeout=100,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, f"{command}: exit {done.returncode}\n{done.stderr}"
     printed = {line.rstrip() for line in done.stdout.splitlines()}
