@@ -299,9 +299,23 @@ def config_keys() -> list[str]:
     return [f"{table}.{key}" if table else key for table, model in _config_tables() for key in model.model_fields]
 
 
-def config_page() -> str:
-    from replay import slo as slo_mod
+def _default_slo() -> dict[str, float]:
+    """The SLO bounds a sweep gets without an [slo] table: the settings' own default."""
+    default = _settings_model().model_fields["slo"].default_factory()
+    return {k: v for k, v in default.model_dump().items() if k != "headroom"}
 
+
+def _slo_keys_help() -> str:
+    """The SLO keys as `planner replay --slo` documents them (the same validator reads both)."""
+    from planner.cli import build_parser
+
+    replay = dict(_subcommands(build_parser()))["replay"]
+    help_text = next(a.help for a in replay._actions if "--slo" in a.option_strings)
+    keys = help_text.split("keys: ", 1)[1]
+    return ", ".join(f"`{k.strip()}`" for k in keys.split(", "))
+
+
+def config_page() -> str:
     lines = [
         GENERATED,
         "",
@@ -333,18 +347,11 @@ def config_page() -> str:
             lines.append(f"| `{key}` | {kind} | {_default_text(field)} | {description} (env `{env}`) |")
         lines.append("")
         if table == "slo":
-            latency = ", ".join(f"`{m}`" for m in slo_mod.LATENCY_METRICS)
-            stats = ", ".join(f"`{s}`" for s in slo_mod.LATENCY_STATS)
-            server = ", ".join(f"`{m}`" for m in slo_mod.SERVER_LATENCY_METRICS)
-            server_stats = ", ".join(f"`{s}`" for s in slo_mod.SERVER_LATENCY_STATS)
-            others = ", ".join(f"`{k}`" for k in (*slo_mod.OTHER_KEYS, slo_mod.ATTAINMENT_KEY))
-            defaults = ", ".join(f"`{k} = {v:g}`" for k, v in slo_mod.DEFAULT_SLO.items())
+            defaults = ", ".join(f"`{k} = {v:g}`" for k, v in _default_slo().items())
             lines += [
                 "Besides `headroom`, every key of `[slo]` is one SLO bound, as `planner replay --slo` takes them:",
-                "",
-                f"- `<metric>_<stat>_ms`, an upper bound on the client's latency: metric one of {latency}, stat one of {stats};",
-                f"- `server_<metric>_<stat>_ms`, on vLLM's own histograms: metric one of {server}, stat one of {server_stats};",
-                f"- {others}.",
+                f"{_slo_keys_help()}. Every one is an upper bound but `min_slo_attainment`, a lower bound;",
+                "`server_` keys are judged on vLLM's own histograms.",
                 "",
                 f"Without an `[slo]` table: {defaults}. See [SLOs and reading the verdicts](../guides/slos.md).",
                 "",
