@@ -25,7 +25,8 @@ class ReplayError(Exception):
 class CorpusError(ReplayError):
     """A corpus line or file is invalid; the message starts with FILE:LINE.
 
-    What to do: fix that line (see the corpus format in Replaying production traffic), or pass --skip-invalid to skip and count bad lines."""
+    What to do: fix that line (see the corpus format in Replaying production traffic), or pass
+    --skip-invalid to skip and count bad lines."""
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
         self.path = path
@@ -43,7 +44,8 @@ class SloSpecError(ReplayError):
 class StepAborted(ReplayError):
     """A step was stopped because its server went away.
 
-    What to do: read the server's log; in a sweep the point is `failed` (`server_died`) with the steps it finished."""
+    What to do: read the server's log; in a sweep the point is `failed` (`server_died`) with the
+    steps it finished."""
 
 
 class ServerError(ReplayError):
@@ -61,13 +63,15 @@ class ServerUnreachable(ServerError):
 class AuthError(ServerError):
     """The server rejected the API key (HTTP 401/403).
 
-    What to do: pass the server's key with --api-key (env PLANNER_API_KEY; [server] api_key in a sweep)."""
+    What to do: pass the server's key with --api-key (env PLANNER_API_KEY; [server] api_key in a
+    sweep)."""
 
 
 class ModelNotServed(ServerError):
     """The requested model is not in the server's /v1/models.
 
-    What to do: pass one of the served models the message lists with --model, or leave --model out to use the first."""
+    What to do: pass one of the served models the message lists with --model, or leave --model
+    out to use the first."""
 
     def __init__(self, model: str, served: list[str]) -> None:
         self.model = model
