@@ -44,7 +44,8 @@ class ReplaySettings(BaseModel):
     warmup_requests: int | None = Field(default=None, ge=0)
     # Unmeasured warm-up time before the window opens, besides warmup_requests.
     warmup_s: float = Field(default=0.0, ge=0)
-    # None: what the SLOs' percentiles need for a finite bound (368 for a p99), at least 100.
+    # The fewest measured requests a window closes on. None: what the SLOs' percentiles need for a
+    # finite bound (368 for a p99), at least 100.
     min_requests: int | None = Field(default=None, ge=1)
     # An inconclusive window measures on to this many requests (None: 4 x min_requests).
     max_requests: int | None = Field(default=None, ge=1)

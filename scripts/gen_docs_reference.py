@@ -315,7 +315,27 @@ def _slo_keys_help() -> str:
     return ", ".join(f"`{k.strip()}`" for k in keys.split(", "))
 
 
+def _replay_flags() -> dict[str, str]:
+    """[replay] key -> the `planner replay` flag that sets it, read from the code that maps one to
+    the other (planner.commands.replay.settings_from_args: `key=args.dest`)."""
+    from planner.cli import build_parser
+    from planner.commands import replay as replay_command
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(replay_command.settings_from_args)))
+    dests = {
+        kw.arg: kw.value.attr
+        for kw in (n for n in ast.walk(tree) if isinstance(n, ast.keyword))
+        if kw.arg and isinstance(kw.value, ast.Attribute) and isinstance(kw.value.value, ast.Name) and kw.value.value.id == "args"
+    }
+    parser = dict(_subcommands(build_parser()))["replay"]
+    by_dest: dict[str, list[str]] = {}
+    for action in parser._actions:
+        by_dest.setdefault(action.dest, []).extend(o for o in action.option_strings if o.startswith("--"))
+    return {key: " / ".join(f"`{o}`" for o in by_dest[dest]) for key, dest in dests.items() if by_dest.get(dest)}
+
+
 def config_page() -> str:
+    replay_flags = _replay_flags()
     lines = [
         GENERATED,
         "",
@@ -344,7 +364,8 @@ def config_page() -> str:
                 lines.append(f"| `{key}` | {kind} | | {description} |")
                 continue
             env = "PLANNER_" + "__".join(p.upper() for p in [*(table.split(".") if table else []), key])
-            lines.append(f"| `{key}` | {kind} | {_default_text(field)} | {description} (env `{env}`) |")
+            flag = f"`planner replay` {replay_flags[key]}; " if table == "replay" and key in replay_flags else ""
+            lines.append(f"| `{key}` | {kind} | {_default_text(field)} | {description} ({flag}env `{env}`) |")
         lines.append("")
         if table == "slo":
             defaults = ", ".join(f"`{k} = {v:g}`" for k, v in _default_slo().items())
