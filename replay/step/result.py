@@ -48,19 +48,21 @@ class StepRecords:
 @dataclass(frozen=True)
 class MetricSnapshots:
     """What vLLM's /metrics said over a step: the gauge and counter samples, why figures are
-    missing (None: none are), the histograms' figures over the window, and when the histograms
-    were snapshotted at the window's edges (None: not both were)."""
+    missing (None: none are), the histograms' figures over the window, when the histograms were
+    snapshotted at the window's edges (None: not both were), and how far outside the window a
+    sample may lie and still speak for its edge (MetricsScraper.edge_gap_s; None: any)."""
 
     samples: Sequence[Sample]
     note: str | None
     histograms: dict[str, object]
     window: tuple[float, float] | None
+    edge_gap_s: float | None = None
 
     @classmethod
     def of(cls, scraper: MetricsScraper) -> MetricSnapshots:
         snaps = scraper.snapshots
         window = (snaps["start"].t_s, snaps["end"].t_s) if "start" in snaps and "end" in snaps else None
-        return cls(list(scraper.samples), scraper.note, scraper.window_histograms(), window)
+        return cls(list(scraper.samples), scraper.note, scraper.window_histograms(), window, scraper.edge_gap_s)
 
 
 class SessionFigures(Protocol):
@@ -74,7 +76,7 @@ class SessionFigures(Protocol):
 def server_summary(metrics: MetricSnapshots | None, open_s: float, close_s: float) -> ServerSummary:
     """vLLM's figures over the window: gauges and counters, then its histograms."""
     server = (
-        summarize_server(metrics.samples, open_s, close_s, metrics.note)
+        summarize_server(metrics.samples, open_s, close_s, metrics.note, max_edge_gap_s=metrics.edge_gap_s)
         if metrics is not None
         else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
     )
