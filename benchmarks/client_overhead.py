@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from replay.client.streaming import StreamingClient  # noqa: E402
-from tests.fakes.openai_server import start_process, stop_process  # noqa: E402
+from tests.fakes.openai_server import start_process  # noqa: E402
+from tests.integration.stopping import terminate_and_wait  # noqa: E402
 
 MODEL = "bench-model"
 # About 32 tokens by the fake server's tokenizer (4 bytes a token), as vLLM's random dataset gets.
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             print("(ideal: concurrency / the server's own request time; TTFT err includes a saturated server's lateness)")
             compare(args, url, results, tmp)
         finally:
-            stop_process(proc, timeout_s=10)
+            terminate_and_wait(proc, timeout_s=10)
     return 0
 
 

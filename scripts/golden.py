@@ -99,13 +99,14 @@ def normalize(value: Any, key: str = "", *, in_step: bool = False, subs: dict[st
 @contextlib.contextmanager
 def fake_server(log: Path, *args: str) -> Iterator[str]:
     """The fake OpenAI server as a process; yields its URL and stops it after."""
-    from tests.fakes.openai_server import start_process, stop_process
+    from tests.fakes.openai_server import start_process
+    from tests.integration.stopping import terminate_and_wait
 
     proc, url = start_process(log, "--host", "127.0.0.1", "--port", "0", "--seed", "0", *args, ready_timeout_s=30)
     try:
         yield url
     finally:
-        stop_process(proc, timeout_s=10)
+        terminate_and_wait(proc, timeout_s=10)
 
 
 def planner(*argv: str) -> None:

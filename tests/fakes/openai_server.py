@@ -860,17 +860,6 @@ def start_process(log: Path, *args: str, ready_timeout_s: float = 15.0) -> tuple
     raise RuntimeError(f"the fake server did not start (args {args}); its output:\n{log.read_text(errors='replace')}")
 
 
-def stop_process(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
-    """SIGTERM (the server stops cleanly on it), then SIGKILL if it has not exited in `timeout_s`."""
-    if proc.poll() is None:
-        proc.terminate()
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

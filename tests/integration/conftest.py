@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.openai_server import start_process, stop_process
+from tests.fakes.openai_server import start_process
+from tests.integration.stopping import terminate_and_wait
 
 READY_TIMEOUT_S = 15.0
 
@@ -49,4 +50,4 @@ def spawn_fake_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
         if proc.poll() is None:
             proc.terminate()
     for proc in procs:
-        stop_process(proc)
+        terminate_and_wait(proc, timeout_s=5)
