@@ -31,10 +31,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replay.client import StreamingClient  # noqa: E402
+from replay.client.streaming import StreamingClient  # noqa: E402
+from tests.fakes.openai_server import start_process  # noqa: E402
+from tests.integration.stopping import terminate_and_wait  # noqa: E402
 
-FAKE_SERVER = ROOT / "tests" / "fakes" / "openai_server.py"
-READY_PREFIX = "fake-openai-server ready on "
 MODEL = "bench-model"
 # About 32 tokens by the fake server's tokenizer (4 bytes a token), as vLLM's random dataset gets.
 PROMPT = "benchmark prompt " * 7 + "end of it."
@@ -71,21 +71,11 @@ class LevelResult:
 
 
 def start_server(args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    cmd = [
-        sys.executable, str(FAKE_SERVER), "--host", "127.0.0.1", "--port", "0", "--model", MODEL,
+    return start_process(
+        log_path, "--host", "127.0.0.1", "--port", "0", "--model", MODEL,
         "--ttft-s", str(args.ttft_s), "--itl-s", str(args.itl_s), "--output-tokens", str(args.output_tokens),
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.perf_counter() + 20
-    while time.perf_counter() < deadline and proc.poll() is None:
-        for line in log_path.read_text(errors="replace").splitlines():
-            if line.startswith(READY_PREFIX):
-                return proc, line[len(READY_PREFIX) :].strip()
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    raise SystemExit(f"the fake server did not start; its output:\n{log_path.read_text(errors='replace')}")
+        ready_timeout_s=20,
+    )  # fmt: skip
 
 
 async def run_level(url: str, concurrency: int, duration_s: float, args: argparse.Namespace) -> LevelResult:
@@ -201,12 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             print("(ideal: concurrency / the server's own request time; TTFT err includes a saturated server's lateness)")
             compare(args, url, results, tmp)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            terminate_and_wait(proc, timeout_s=10)
     return 0
 
 

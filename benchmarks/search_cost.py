@@ -35,13 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replay.client import StreamingClient  # noqa: E402
-from replay.corpus import load_corpus  # noqa: E402
-from replay.load import Concurrency  # noqa: E402
+from replay.client.streaming import StreamingClient  # noqa: E402
+from replay.corpus.jsonl import load_corpus  # noqa: E402
+from replay.load.kinds import Concurrency  # noqa: E402
 from replay.results import StepResult  # noqa: E402
-from replay.search import bracket, next_probe  # noqa: E402
-from replay.session import Replay, search_start  # noqa: E402
-from replay.settings import ReplaySettings  # noqa: E402
+from replay.run.runner import Replay, search_start  # noqa: E402
+from replay.run.settings import ReplaySettings  # noqa: E402
+from replay.search.policy import bracket, next_probe  # noqa: E402
 from tests.fakes.openai_server import start_process  # noqa: E402
 
 ITL_S, GROWTH, TTFT_S, TOKENS = 0.020, 0.05, 0.020, 15

@@ -26,13 +26,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replay import slo as slo_mod  # noqa: E402
-from replay.client import StreamingClient  # noqa: E402
-from replay.corpus import load_corpus  # noqa: E402
-from replay.load import Concurrency  # noqa: E402
-from replay.settings import ReplaySettings  # noqa: E402
+from replay.client.streaming import StreamingClient  # noqa: E402
+from replay.corpus.jsonl import load_corpus  # noqa: E402
+from replay.load.drivers import RequestCursor  # noqa: E402
+from replay.load.kinds import Concurrency  # noqa: E402
+from replay.run.settings import ReplaySettings  # noqa: E402
+from replay.slo import rules as slo_mod  # noqa: E402
+from replay.step.run import run_step  # noqa: E402
+from replay.step.window import Window  # noqa: E402
 from tests.fakes.openai_server import start_process  # noqa: E402
-from replay.step import RequestCursor, Window, run_step  # noqa: E402
 
 ITL_S, GROWTH, SIGMA, BOUND_MS = 0.005, 1.0, 0.15, 46.0
 Z99 = 2.3263478740408408

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from replay.model import ResultModel
 
 # Start-up failure kinds, classified from the server log.
 FailureKind = Literal[
@@ -36,12 +37,7 @@ FailureKind = Literal[
 ]
 
 
-class _Model(BaseModel):
-    # Results written by a newer planner still load: unknown keys are ignored, not refused.
-    model_config = ConfigDict(extra="ignore")
-
-
-class Capacity(_Model):
+class Capacity(ResultModel):
     # Tokens the KV cache holds, as the server reported.
     kv_cache_tokens: int | None = None
     # vLLM's own maximum concurrency at max_model_len (its start-up line).
@@ -68,7 +64,7 @@ class Capacity(_Model):
     cuda_graph_gib: float | None = None
 
 
-class Failure(_Model):
+class Failure(ResultModel):
     # The classified failure: kv_too_small, no_kv_memory, gpu_oom, world_size_too_large,
     # heads_not_divisible, max_model_len_too_long, not_enough_gpus (infeasible), or bad_flag,
     # timeout, crashed, server_died, node_lost, ... (failed).

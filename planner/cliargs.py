@@ -22,6 +22,21 @@ def comma_list(kind: Callable[[str], object], what: str) -> Callable[[str], list
     return parse
 
 
+def positive_int(flag: str) -> Callable[[str], int]:
+    """An integer >= 1 for `flag`; anything else is one usage error naming the flag and the text."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: must be a positive integer")
+        return value
+
+    return parse
+
+
 def scalar(text: str) -> int | float | bool | str:
     """A flag's value as TOML would type it: 8192 -> int, 0.9 -> float, true -> bool, else the text."""
     lowered = text.strip().lower()

@@ -2,7 +2,7 @@
 
 Each PlannerMetrics has its own CollectorRegistry, so two in one process (tests, a sweep inside
 a notebook) never collide and nothing leaks into prometheus_client's global registry. It is a
-replay observer (replay/observer.py) and the sweep also tells it which point is being measured;
+replay observer (replay/step/observer.py) and the sweep also tells it which point is being measured;
 every series carries that point's id in the `point` label (a plain replay's is "replay").
 
 Histograms count only measured requests, so their quantiles agree with replay.json's step
@@ -20,9 +20,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from planner.errors import ConfigError
-from replay.crosscheck import CLOCK_RESOLUTION_S
 from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
+from replay.server.crosscheck import CLOCK_RESOLUTION_S
 
 DEFAULT_POINT = "replay"
 
@@ -86,7 +86,7 @@ class PlannerMetrics:
             "planner_step_output_tokens_per_s", "Output tokens/s measured in the last finished step", ["point"], registry=r
         )
         self.search_eta = Gauge(
-            "planner_search_eta_seconds", "Estimated seconds until the point's search ends (replay.eta)", ["point"],
+            "planner_search_eta_seconds", "Estimated seconds until the point's search ends (replay.search.eta)", ["point"],
             registry=r,
         )
         self.point_info = Gauge(

@@ -66,6 +66,32 @@ except ProcessLookupError:
     pass
 """
 
+def group_members(pgid: int) -> list[str] | None:
+    """The processes of group `pgid` still running, as "pid state name", zombies left out; None
+    where there is no /proc to read (macOS).
+
+    A zombie holds no memory, no port and no CPU: it only waits for its parent to read its exit
+    status. vLLM's EngineCore and workers are re-parented to PID 1 when the API server exits, and
+    some container inits reap such orphans late (or never), so a zombie may linger after a stop."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after it.
+        name = stat[stat.find("(") + 1 : stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(f"{entry.name} {fields[0]} {name}")
+    return members
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any process of the group still runs. Zombies do not count: in a container whose
     PID 1 does not reap orphans, a killed EngineCore stays a zombie of the group for ever."""
@@ -75,21 +101,8 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited while we looked
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after it.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
+    members = group_members(pgid)
+    return True if members is None else bool(members)
 
 
 def _connect_host(host: str) -> str:

@@ -18,7 +18,7 @@ _P99_EVERY_S = 0.5
 
 
 class StepProgress:
-    """Implements planner.sweep.observer.SweepObserver (and so replay.observer.ReplayObserver)."""
+    """Implements planner.sweep.observer.SweepObserver (and so replay.step.observer.ReplayObserver)."""
 
     def __init__(self, target_requests: int, *, prefix: str = "", console: Console | None = None) -> None:
         self._target = target_requests

@@ -35,7 +35,7 @@ MAX_TOTAL_TOKENS = 4000
 MAX_INPUT_TOKENS = 3500
 MIN_MAX_TOKENS = 16
 
-# The same rule as replay/lengths.py (a unit test checks this file's output against that module);
+# The same rule as replay/corpus/lengths.py (a unit test checks this file's output against that module);
 # repeated here so the script runs with nothing but the standard library.
 BYTES_PER_TOKEN = 4
 

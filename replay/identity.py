@@ -14,7 +14,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from replay.model import ResultModel
 
 # Files whose names and sizes identify a checkpoint's weights (their bytes are not read: a
 # 140 GB model would take minutes to hash, and a changed weight file changes its size or name
@@ -24,11 +25,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 HASHED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class ModelIdentity(_Model):
+class ModelIdentity(ResultModel):
     # As given to the server (a folder, a Hub name) or as it serves it.
     name: str | None = None
     # The Hub commit, when the model came from the Hub at a known revision.
@@ -46,7 +43,7 @@ class ModelIdentity(_Model):
     max_model_len: int | None = None
 
 
-class Hardware(_Model):
+class Hardware(ResultModel):
     # "gpu" (nvidia-smi answered) or "cpu" (the CPU build, or a machine without nvidia-smi).
     kind: str
     # The GPU's (nvidia-smi's name) or CPU's model.
@@ -66,7 +63,7 @@ class Hardware(_Model):
     seen_from: str = "local"
 
 
-class Identity(_Model):
+class Identity(ResultModel):
     # The planner's version.
     planner_version: str | None = None
     # vLLM's version: a sweep asks the server command before the first point (else what the servers
@@ -126,3 +123,30 @@ def model_config_facts(folder: Path) -> dict[str, str]:
     if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):
         out["quantization"] = quant["quant_method"]
     return out
+
+
+def served_model_files(identity: Identity, served: str) -> Identity:
+    """vLLM serves a model folder under its path: when that folder is here, its files' hash and
+    config facts identify the model (unless the caller already did)."""
+    folder = Path(served)
+    if identity.model.sha256 is not None or not folder.is_dir():
+        return identity
+    facts = {k: v for k, v in model_config_facts(folder).items() if getattr(identity.model, k) is None}
+    model = identity.model.model_copy(update={"sha256": model_fingerprint(folder), **facts})
+    return identity.model_copy(update={"model": model})
+
+
+def measured_identity(
+    known: Identity, *, served: str, vllm_version: str | None, corpus_sha256: str, slo: dict[str, float]
+) -> Identity:
+    """What a replay measured, from what the caller knew: the server's version and served model
+    where the caller did not know them, and the corpus and the SLOs it was judged by."""
+    model = known.model.model_copy(update={"name": known.model.name or served})
+    return known.model_copy(
+        update={
+            "vllm_version": known.vllm_version or vllm_version,
+            "model": model,
+            "corpus_sha256": corpus_sha256,
+            "slo": dict(slo),
+        }
+    )

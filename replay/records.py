@@ -35,7 +35,7 @@ class RequestRecord:
     session_id: str | None = None
     turn: int | None = None
     resent_tokens: int | None = None
-    # Connects tried again before this request's connection opened (replay.transport): a sign the
+    # Connects tried again before this request's connection opened (replay.client.transport): a sign the
     # client's loop or the server's accept stalled; its wait is inside this request's latency.
     connect_retries: int = 0
 

@@ -10,25 +10,21 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from replay.atomic import atomic_text
 from replay.identity import Identity
+from replay.model import ResultModel
 
 # 2: `identity`, what the run measured (replay.identity); version 1 files load without it.
 SCHEMA_VERSION = 2
 
 LoadMode = Literal["concurrency", "rate", "trace"]
-# unresolved: the window ran out of time before its bounds were finite (see replay.step).
+# unresolved: the window ran out of time before its bounds were finite (see replay.step.window).
 Verdict = Literal["pass", "fail", "inconclusive", "unresolved"]
 
 
-class _Model(BaseModel):
-    # Results files are read back by `planner report`; tolerate fields added by later versions.
-    model_config = ConfigDict(extra="ignore")
-
-
-class LatencySummary(_Model):
+class LatencySummary(ResultModel):
     # The mean over the window's measured requests.
     mean: float | None = None
     # The median.
@@ -41,12 +37,12 @@ class LatencySummary(_Model):
     p99: float | None = None
     # The largest value measured.
     max: float | None = None
-    # 95% intervals in arrival order (see replay.intervals): {"mean": [lo, hi], "p50": [lo, hi], ...};
+    # 95% intervals in arrival order (see replay.stats.intervals): {"mean": [lo, hi], "p50": [lo, hi], ...};
     # a side is null where the sample is too small for a finite bound; absent in older files.
     ci95: dict[str, list[float | None]] | None = None
 
 
-class LoadSpec(_Model):
+class LoadSpec(ResultModel):
     # concurrency (closed loop), rate (open loop, Poisson arrivals) or trace (the corpus's
     # timestamp_s).
     mode: LoadMode
@@ -56,7 +52,7 @@ class LoadSpec(_Model):
     seed: int | None = None
 
 
-class ServerLatency(_Model):
+class ServerLatency(ResultModel):
     """One of vLLM's latency histograms over the window (its delta), in milliseconds.
 
     Quantiles use PromQL's histogram_quantile interpolation; `<q>_bucket_ms` is the bucket
@@ -86,7 +82,7 @@ class ServerLatency(_Model):
     p99_bucket_ms: tuple[float, float | None] | None = None
 
 
-class ServerSummary(_Model):
+class ServerSummary(ResultModel):
     # The server exported vLLM's metrics at /metrics; false: the SLOs that need them are in
     # slo_unverified.
     metrics_available: bool = False
@@ -150,7 +146,7 @@ class ServerSummary(_Model):
     histograms_note: str | None = None
 
 
-class ClientSummary(_Model):
+class ClientSummary(ResultModel):
     # Open-loop loads: how late requests left against their schedule.
     send_lag_p99_ms: float | None = None
     # How late the event loop woke against a 10 ms ticker, for every load mode.
@@ -184,7 +180,7 @@ class ClientSummary(_Model):
     connect_retries: int = 0
 
 
-class TurnLatency(_Model):
+class TurnLatency(ResultModel):
     """One turn number's figures over a step's measured session turns."""
 
     # Measured turns with this turn number.
@@ -200,7 +196,7 @@ class TurnLatency(_Model):
     resent_tokens_mean: float | None = None
 
 
-class SessionSummary(_Model):
+class SessionSummary(ResultModel):
     """A session corpus's step: users (sessions in flight) against requests in flight, both
     time-weighted over the window, and what completed inside it."""
 
@@ -224,7 +220,7 @@ class SessionSummary(_Model):
     resent_tokens: int | None = None
 
 
-class StepResult(_Model):
+class StepResult(ResultModel):
     # The load this step held.
     load: LoadSpec
     # When the step started (UTC, ISO 8601).
@@ -281,13 +277,13 @@ class StepResult(_Model):
     requests_per_s_ci95: list[float | None] | None = None
     # 95% interval of output_tokens_per_s.
     output_tokens_per_s_ci95: list[float | None] | None = None
-    # Measured requests that met every per-request latency bound (see replay.slo.per_request_bounds).
+    # Measured requests that met every per-request latency bound (see replay.slo.rules.per_request_bounds).
     slo_attainment: float | None = None
     # Its 95% interval (Wilson, on the effective sample size).
     slo_attainment_ci95: list[float | None] | None = None
     # requests_per_s x slo_attainment.
     goodput_requests_per_s: float | None = None
-    # Early measured requests dropped as not yet in steady state (replay.steady).
+    # Early measured requests dropped as not yet in steady state (replay.stats.steady).
     steady_state_dropped: int = 0
     # What closed the window: requests (its minimum or maximum), verdict (conclusive early),
     # time (its limit), budget (the point's), stall (the warm-up never finished), trace_end, abort.
@@ -304,7 +300,7 @@ class StepResult(_Model):
     sessions: SessionSummary | None = None
 
 
-class CorpusInfo(_Model):
+class CorpusInfo(ResultModel):
     # The corpus file.
     path: str
     # Its SHA-256.
@@ -317,7 +313,7 @@ class CorpusInfo(_Model):
     sessions: int | None = None
 
 
-class ReplayResults(_Model):
+class ReplayResults(ResultModel):
     # The file's format version.
     schema_version: int = SCHEMA_VERSION
     # When the run started (UTC, ISO 8601).

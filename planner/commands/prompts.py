@@ -8,9 +8,9 @@ Mooncake traces into one.
     planner prompts sharegpt IN OUT [--single-request [--max-tokens-from-reply]]
     planner prompts chatlog IN OUT
 
-Without --url, input lengths are an estimate (replay.lengths.ESTIMATE_RULE) and every output
+Without --url, input lengths are an estimate (replay.corpus.lengths.ESTIMATE_RULE) and every output
 says so; with --url they are the server's own /tokenize counts, chat template included. The work
-is replay's (replay.corpus_stats, replay.sharegpt); this module parses and prints.
+is replay's (replay.prefix.corpus_stats, replay.corpus.sharegpt); this module parses and prints.
 """
 
 from __future__ import annotations
@@ -20,16 +20,15 @@ import asyncio
 import json
 from pathlib import Path
 
-from planner.cliargs import env_default
-from planner.sweep.bound import VLLM_DEFAULT_MAX_TOKENS, concurrency_upper_bound, prefix_aware_bound, request_blocks
+from planner.cliargs import env_default, positive_int
 from planner.vllm_log import cache_config_labels
-from replay.chatlog import group_chat_log
-from replay.corpus import load_corpus, request_text
-from replay.corpus_stats import corpus_stats, render_stats, server_prompt_blocks
-from replay.lengths import ESTIMATE_RULE
-from replay.mooncake import MOONCAKE_BLOCK_SIZE, convert_mooncake
-from replay.prefix_cache import block_hashes, estimate_token_ids, sharing
-from replay.sharegpt import convert_sharegpt, convert_sharegpt_sessions
+from replay.corpus.chatlog import group_chat_log
+from replay.corpus.jsonl import load_corpus
+from replay.corpus.lengths import ESTIMATE_RULE
+from replay.corpus.mooncake import MOONCAKE_BLOCK_SIZE, convert_mooncake
+from replay.corpus.sharegpt import convert_sharegpt, convert_sharegpt_sessions
+from replay.prefix.corpus_stats import corpus_stats, prefix_figures, render_stats, server_prompt_blocks
+from replay.prefix.tokens import estimated_prompt_blocks
 
 # vLLM's default block size on GPUs (the CPU build uses 128); used when neither the flag nor a
 # server says.
@@ -62,13 +61,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     st.add_argument(
         "--block-size",
-        type=_positive_int("--block-size"),
+        type=positive_int("--block-size"),
         default=None,
         help=f"KV block size of the prefix-cache figures (default: the server's with --url, else {DEFAULT_BLOCK_SIZE})",
     )
     st.add_argument(
         "--kv-blocks",
-        type=_positive_int("--kv-blocks"),
+        type=positive_int("--kv-blocks"),
         default=None,
         help="KV pool size in blocks for the LRU hit rate (default: the server's num_gpu_blocks with --url)",
     )
@@ -104,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     mc.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
     mc.add_argument(
         "--block-size",
-        type=_positive_int("--block-size"),
+        type=positive_int("--block-size"),
         default=MOONCAKE_BLOCK_SIZE,
         help=f"tokens per hash id in the trace (default {MOONCAKE_BLOCK_SIZE}, as in Mooncake's traces)",
     )
@@ -162,47 +161,16 @@ def run_stats(args: argparse.Namespace) -> int:
         )
         tokens = {"source": "server", "url": url, "model": model, "api": args.api}
     else:
-        size = args.block_size or DEFAULT_BLOCK_SIZE
-        prompts = []
-        for r in corpus.requests:
-            ids = estimate_token_ids(request_text(r))
-            prompts.append((len(ids), block_hashes(ids, size)))
+        prompts = estimated_prompt_blocks(corpus.requests, args.block_size or DEFAULT_BLOCK_SIZE)
         tokens = {"source": "estimate", "rule": ESTIMATE_RULE}
     size, size_source = _block_size(args.block_size, labels)
     kv_blocks, kv_source = args.kv_blocks, "--kv-blocks"
     if kv_blocks is None and _label_int(labels, "num_gpu_blocks"):
         kv_blocks, kv_source = _label_int(labels, "num_gpu_blocks"), "the server's num_gpu_blocks"
-    prefix = {
-        **sharing(prompts, size, kv_blocks).to_dict(),
-        "block_size_source": size_source,
-        "kv_blocks_source": kv_source if kv_blocks is not None else None,
-    }
-    if kv_blocks is not None:
-        prefix["concurrency_bound"] = _bounds(corpus, prompts, size, kv_blocks)
+    prefix = prefix_figures(corpus, prompts, size, kv_blocks, block_size_source=size_source, kv_blocks_source=kv_source)
     stats = corpus_stats(corpus, [n for n, _ in prompts], tokens, prefix)
     print(json.dumps(stats, indent=2) if args.json else render_stats(stats))
     return 0
-
-
-def _bounds(corpus, prompts: list[tuple[int, list[int]]], block_size: int, kv_blocks: int) -> dict:
-    """The sweep's two KV concurrency bounds (planner.sweep.bound) for a pool of kv_blocks, each
-    request's output its max_tokens, else vLLM's completions default."""
-    blocks = [
-        request_blocks(n, r.max_tokens or VLLM_DEFAULT_MAX_TOKENS, block_size=block_size, max_model_len=None)
-        for (n, _), r in zip(prompts, corpus.requests)
-    ]
-    mean = sum(blocks) / len(blocks)
-    old = concurrency_upper_bound(
-        kv_cache_tokens=kv_blocks * block_size, block_size=block_size, mean_blocks_per_request=mean, max_concurrency_reported=None
-    )
-    with_cache, own, shared = prefix_aware_bound(blocks, [h for _, h in prompts], pool_blocks=kv_blocks)
-    return {
-        "mean_blocks_per_request": round(mean, 3),
-        "no_prefix_cache": old,
-        "shared_prefix_blocks": shared,
-        "mean_own_blocks_per_request": round(own, 3),
-        "prefix_cache": max(old, with_cache),
-    }
 
 
 def _block_size(flag: int | None, labels: dict[str, str] | None) -> tuple[int, str]:
@@ -219,19 +187,6 @@ def _label_int(labels: dict[str, str] | None, key: str) -> int | None:
         return int((labels or {})[key])
     except (KeyError, ValueError):
         return None
-
-
-def _positive_int(flag: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: must be a positive integer")
-        return value
-
-    return parse
 
 
 def run_mooncake(args: argparse.Namespace) -> int:

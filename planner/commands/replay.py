@@ -8,19 +8,19 @@ from pathlib import Path
 from rich.console import Console
 
 from planner import interrupt
+from planner.cliargs import add_metrics_args, comma_list, env_default, metrics_exporter
 from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
 from planner.identity import replay_identity
-from planner.cliargs import add_metrics_args, comma_list, env_default, metrics_exporter
 from planner.progress import StepProgress
 from planner.report import write_report
 from planner.report.html import HTML_FILE
 from planner.tables import replay_summary, stdout_console, steps_table
 from planner.validation import build
-from replay import slo as slo_mod
-from replay.corpus import load_corpus
-from replay.observer import Observers
-from replay.session import RESULTS_FILE, run_replay
-from replay.settings import ReplaySettings
+from replay.corpus.jsonl import load_corpus
+from replay.run.entry import RESULTS_FILE, run_replay
+from replay.run.settings import ReplaySettings
+from replay.slo import rules as slo_mod
+from replay.step.observer import Observers
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,21 +10,21 @@ from pathlib import Path
 from planner import cost
 from planner import cpus as cpus_mod
 from planner import interrupt
-from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
 from planner.cliargs import add_metrics_args, env_default, key_values, metrics_exporter
+from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
 from planner.errors import ConfigError
 from planner.progress import StepProgress
 from planner.report import write_report
-from planner.sweep.config import load_settings
-from planner.sweep.grid import expand
 from planner.report.html import HTML_FILE
+from planner.sweep.config import load_settings
 from planner.sweep.duration import earlier_durations, expected_text, mean_request_tokens
+from planner.sweep.grid import expand
 from planner.sweep.point import log_path, point_server
 from planner.sweep.predict import predictor
 from planner.sweep.results import RESULTS_FILE
 from planner.sweep.run import run_sweep
 from planner.tables import stdout_console, sweep_summary, sweep_table
-from replay.corpus import load_corpus
+from replay.corpus.jsonl import load_corpus
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -35,11 +35,12 @@ METHOD = (
 )
 
 
-class _Model(BaseModel):
+class _Strict(BaseModel):
+    # Built here, never read back: a misspelt field is a bug to catch, not a newer file to tolerate.
     model_config = ConfigDict(extra="forbid")
 
 
-class StatisticComparison(_Model):
+class StatisticComparison(_Strict):
     load: str
     value: float
     statistic: str
@@ -53,7 +54,7 @@ class StatisticComparison(_Model):
     verdict: Verdict = "inconclusive"
 
 
-class CapacityComparison(_Model):
+class CapacityComparison(_Strict):
     base_max_passing_concurrency: int | None
     new_max_passing_concurrency: int | None
     base_safe_concurrency: int | None
@@ -66,7 +67,7 @@ class CapacityComparison(_Model):
     reason: str
 
 
-class PointComparison(_Model):
+class PointComparison(_Strict):
     key: str
     label: str
     config: dict
@@ -80,7 +81,7 @@ class PointComparison(_Model):
     reasons: list[str] = Field(default_factory=list)
 
 
-class Comparison(_Model):
+class Comparison(_Strict):
     base: str
     new: str
     kind: str

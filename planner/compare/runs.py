@@ -49,7 +49,7 @@ class Run:
     points: list[RunPoint]
 
 
-def config_key(config: dict[str, Any]) -> str:
+def match_key(config: dict[str, Any]) -> str:
     return json.dumps(config, sort_keys=True, default=str)
 
 
@@ -66,7 +66,7 @@ def config_label(config: dict[str, Any]) -> str:
 def _sweep_point(p: PointResult) -> RunPoint:
     failure = None if p.failure is None else f"{p.failure.kind}: {p.failure.message}"
     return RunPoint(
-        key=config_key(p.config),
+        key=match_key(p.config),
         label=f"{p.id} ({config_label(p.config)})" if p.config else p.id,
         config=p.config,
         status=p.status,

@@ -1,6 +1,6 @@
 """Is a difference between two measured figures beyond the noise? Tested on the stored 95% intervals.
 
-Results files keep each figure's estimate and its 95% interval (replay.intervals), not the
+Results files keep each figure's estimate and its 95% interval (replay.stats.intervals), not the
 requests behind them. Those intervals are already honest for correlated closed-loop samples:
 they are built on the effective sample size n / tau. So the test works on them:
 
@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from replay.intervals import Z_975
+from replay.stats.intervals import Z_975
 
 ALPHA = 0.05
 

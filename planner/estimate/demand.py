@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from replay.corpus import load_corpus, request_text
-from replay.prefix_cache import block_hashes, estimate_token_ids
+from replay.corpus.jsonl import load_corpus, request_text
+from replay.prefix.sharing import block_hashes, estimate_token_ids
 
 BYTES_PER_TOKEN = 4
 
@@ -49,5 +49,5 @@ def corpus_request_tokens(path: str | Path, *, max_model_len: int, default_max_t
 
 def corpus_prompt_hashes(path: str | Path, block_size: int) -> list[list[int]]:
     """Every request's full prompt blocks as vLLM's prefix cache names them (chained hashes,
-    replay.prefix_cache), over the estimate's tokens: every 4 bytes of text one token."""
+    replay.prefix.sharing), over the estimate's tokens: every 4 bytes of text one token."""
     return [block_hashes(estimate_token_ids(request_text(req)), block_size) for req in load_corpus(path).requests]

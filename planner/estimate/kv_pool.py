@@ -21,11 +21,10 @@ Mirrors vllm/v1/core/kv_cache_utils.py (0.32):
 from __future__ import annotations
 
 import math
-
-from planner.sweep.bound import prefix_aware_bound
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 from planner.estimate.architecture import Architecture, AttentionKind
+from replay.prefix.bound import prefix_aware_bound
 
 
 def cdiv(a: int, b: int) -> int:
@@ -142,28 +141,52 @@ def largest_fitting_len(layout: PoolLayout, available_bytes: int, upper: int) ->
     return best
 
 
+@dataclass(frozen=True)
+class CorpusConcurrency:
+    """Concurrency the pool carries for a corpus: each request's tokens rounded up to blocks, and,
+    with the prompts' block hashes, with vLLM's prefix cache too."""
+
+    requests: int
+    mean_blocks_per_request: float
+    max_blocks_per_request: int
+    concurrency: float
+    concurrency_floor: int
+    # With the prompts' block hashes only (None without).
+    concurrency_prefix_cache: int | None = None
+    shared_prefix_blocks: int | None = None
+    mean_own_blocks_per_request: float | None = None
+
+    def to_dict(self) -> dict:
+        """As `planner estimate` reports it: the prefix-cache figures only when they were computed."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in PREFIX_CACHE_FIELDS}
+
+
+PREFIX_CACHE_FIELDS = ("concurrency_prefix_cache", "shared_prefix_blocks", "mean_own_blocks_per_request")
+
+
 def corpus_concurrency(
     layout: PoolLayout, pool: Pool, request_tokens: list[int], prompt_hashes: list[list[int]] | None = None
-) -> dict:
+) -> CorpusConcurrency:
     """Concurrency the pool carries for this corpus: each request's tokens rounded up to blocks.
 
     With the prompts' block hashes, also the concurrency with vLLM's prefix cache, where requests
-    in flight hold the blocks they share once (planner.sweep.bound.prefix_aware_bound)."""
+    in flight hold the blocks they share once (replay.prefix.bound.prefix_aware_bound)."""
     blocks = [layout.blocks_for_tokens(n) for n in request_tokens]
     mean_blocks = sum(blocks) / len(blocks)
     carried = pool.usable_blocks / mean_blocks if mean_blocks else 0.0
-    out = {
-        "requests": len(blocks),
-        "mean_blocks_per_request": round(mean_blocks, 3),
-        "max_blocks_per_request": max(blocks),
-        "concurrency": round(carried, 3),
-        "concurrency_floor": math.floor(carried),
-    }
-    if prompt_hashes is not None:
-        with_cache, own, shared = prefix_aware_bound(blocks, prompt_hashes, pool_blocks=pool.usable_blocks)
-        out.update(
-            concurrency_prefix_cache=max(with_cache, math.floor(carried)),
-            shared_prefix_blocks=shared,
-            mean_own_blocks_per_request=round(own, 3),
-        )
-    return out
+    out = CorpusConcurrency(
+        requests=len(blocks),
+        mean_blocks_per_request=round(mean_blocks, 3),
+        max_blocks_per_request=max(blocks),
+        concurrency=round(carried, 3),
+        concurrency_floor=math.floor(carried),
+    )
+    if prompt_hashes is None:
+        return out
+    with_cache, own, shared = prefix_aware_bound(blocks, prompt_hashes, pool_blocks=pool.usable_blocks)
+    return replace(
+        out,
+        concurrency_prefix_cache=max(with_cache, math.floor(carried)),
+        shared_prefix_blocks=shared,
+        mean_own_blocks_per_request=round(own, 3),
+    )

@@ -20,8 +20,8 @@ from planner.estimate.fit import Verdict
 from planner.estimate.gpu_catalog import lookup
 from planner.estimate.kv_pool import Pool, PoolLayout, corpus_concurrency, pool_layout, size_pool
 from planner.estimate.memory import Budget, WorkingMemoryModel, gpu_budget, working_memory
-from planner.estimate.units import GIB, parse_vllm_int
 from planner.estimate.model_source import ModelSource, resolve_model
+from planner.estimate.units import GIB, parse_vllm_int
 from planner.estimate.weights import Weights, config_weights, tensor_weights
 
 Device = Literal["gpu", "cpu"]
@@ -328,7 +328,7 @@ def estimate(
     corpus = None
     if request_tokens:
         hashes = prompt_hashes(layout.block_size) if prompt_hashes is not None else None
-        corpus = {**(corpus_info or {}), **corpus_concurrency(layout, pool, request_tokens, hashes)}
+        corpus = {**(corpus_info or {}), **corpus_concurrency(layout, pool, request_tokens, hashes).to_dict()}
         estimates.append("corpus: prompt tokens estimated as UTF-8 bytes / 4")
 
     return Estimate(

@@ -25,7 +25,7 @@ from planner.redaction import REDACTED
 from planner.report.load import load_results
 from planner.sweep.results import PointResult, SweepResults
 from planner.vllm_args import flag_int
-from replay import slo as slo_mod
+from replay.slo import rules as slo_mod
 from replay.errors import SloSpecError
 from replay.results import ReplayResults
 

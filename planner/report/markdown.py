@@ -8,8 +8,8 @@ from planner.report.costs import cost_section
 from planner.report.fleet import FleetPlan
 from planner.report.suggestions import suggest
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
-from replay import slo as slo_mod
 from replay.results import ServerLatency, StepResult
+from replay.slo import rules as slo_mod
 
 DASH = "-"
 

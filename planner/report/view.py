@@ -15,8 +15,8 @@ from planner.capacity import Capacity, Failure
 from planner.cost import Prices
 from planner.sweep.results import NodeRank, PointResult, SweepResults
 from replay.results import ReplayResults, StepResult
-from replay.search import bracket
-from replay.session import concurrency_history
+from replay.search.policy import bracket
+from replay.search.verdicts import concurrency_history
 
 LOAD_AXIS_LABELS = {
     "concurrency": "Concurrency (requests in flight)",

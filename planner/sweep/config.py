@@ -18,9 +18,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from planner.errors import ConfigError
 from planner.redaction import REDACTED, redact, redact_env
 from planner.vllm_args import config_key, fixed_flags, has_flag
-from replay import slo as slo_mod
 from replay.errors import SloSpecError
-from replay.settings import ReplaySettings
+from replay.run.settings import ReplaySettings
+from replay.slo import rules as slo_mod
 
 # The file being read: pydantic-settings builds its sources from the class, so the path of this
 # one load travels beside it rather than on the class.

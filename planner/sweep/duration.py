@@ -3,7 +3,7 @@
 Two sources, said with every figure: the same point's measured duration in a previous run in
 the output folder (exact for the same machine and settings), or, given the request duration a
 user expects (`--request-duration-s`: a request of the corpus at full load on the target GPU),
-the search's steps (replay.eta: about UNBRACKETED_STEPS steps plus the confirmation, each a
+the search's steps (replay.search.eta: about UNBRACKETED_STEPS steps plus the confirmation, each a
 warm-up, a window of min_requests, a drain) at the concurrency the estimate's KV pool holds of
 the corpus's mean request, its tokens counted roughly as 4 characters each (the server's
 tokenizer is not at hand before it starts). The knee is at or below that concurrency and steps
@@ -19,7 +19,7 @@ from planner.estimate import Estimate
 from planner.progress import duration_text
 from planner.sweep.grid import Point
 from planner.sweep.results import SweepResults
-from replay.eta import UNBRACKETED_STEPS, step_wall_s
+from replay.search.eta import UNBRACKETED_STEPS, step_wall_s
 
 # A rough tokenizer: English text runs about 4 characters a token.
 CHARS_PER_TOKEN = 4
@@ -35,7 +35,7 @@ def earlier_durations(output_dir: Path) -> dict[str, float]:
     except ValueError:
         return {}
     return {
-        config_key(p.config): p.duration_s
+        duration_key(p.config): p.duration_s
         for p in earlier.points
         if p.status == "ok" and p.duration_s is not None
     }
@@ -50,7 +50,7 @@ def mean_request_tokens(requests, default_max_tokens: int) -> float | None:
     return sum(lengths) / len(lengths) if lengths else None
 
 
-def config_key(config: dict) -> str:
+def duration_key(config: dict) -> str:
     return repr(sorted((k, repr(v)) for k, v in config.items()))
 
 
@@ -64,7 +64,7 @@ def expected_text(
     min_requests: int,
     confirm: bool,
 ) -> str:
-    measured = earlier.get(config_key(point.config))
+    measured = earlier.get(duration_key(point.config))
     if measured is not None:
         return f"expected {duration_text(measured)} (this point's duration in the previous run in the output folder)"
     if request_duration_s is None:

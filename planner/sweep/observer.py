@@ -1,5 +1,5 @@
 """The seam through which a sweep reports its points as they start and finish (the exporter, the
-progress bar). A sweep observer is also a replay observer (replay.observer), since every point's
+progress bar). A sweep observer is also a replay observer (replay.step.observer), since every point's
 steps are replays. Observers are called from the sweep's event loop and must not block.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from replay.observer import Observers, ReplayObserver
+from replay.step.observer import Observers, ReplayObserver
 
 
 class SweepObserver(ReplayObserver, Protocol):

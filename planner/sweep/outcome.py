@@ -11,7 +11,7 @@ import numpy as np
 from planner.capacity import Failure
 from planner.sweep.results import INFEASIBLE_KINDS, Best, PointResult, PointStatus
 from replay.results import StepResult
-from replay.session import binding_constraint, knee
+from replay.search.verdicts import binding_constraint, knee
 
 UPPER_BOUND_CONSTRAINT = "kv_capacity_bound"
 

@@ -30,7 +30,7 @@ from planner.capacity import Failure
 from planner.errors import ServerStartFailed
 from planner.estimate import kv_tokens_relative_error
 from planner.launcher import VllmServer
-from planner.sweep.bound import (
+from replay.prefix.bound import (
     VLLM_DEFAULT_MAX_TOKENS,
     concurrency_upper_bound,
     mean_blocks,
@@ -44,14 +44,15 @@ from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, conclude, ended_status
 from planner.sweep.results import PointResult
 from planner.vllm_args import has_flag
 from planner.vllm_log import log_tail
-from replay.client import METRICS_CONNECTIONS, StreamingClient
-from replay.corpus import Corpus
+from replay.client.streaming import METRICS_CONNECTIONS, StreamingClient
+from replay.corpus.jsonl import Corpus
 from replay.errors import ReplayError, ServerError, StepAborted
-from replay.observer import Observers
+from replay.prefix.tokens import TOKENIZE_WORKERS, prompt_blocks, token_counts
 from replay.results import StepResult
-from replay.search import bracket
-from replay.session import Replay, SearchOutcome, concurrency_history
-from replay.tokens import TOKENIZE_WORKERS, prompt_blocks, token_counts
+from replay.run.runner import Replay, SearchOutcome
+from replay.search.policy import bracket
+from replay.search.verdicts import concurrency_history
+from replay.step.observer import Observers
 
 
 # Saves the point's result where its sweep keeps it (sweep.json, or the driver across Ray).
@@ -70,7 +71,7 @@ class PointContext:
     gpu_inventory: list[gpu_mod.Gpu] = field(default_factory=list)
     # Token counts depend only on the model's tokenizer: measured once, shared by every point.
     prompt_tokens: list[int] | None = None
-    # Each request's full prompt blocks (chained hashes, replay.prefix_cache), by block size.
+    # Each request's full prompt blocks (chained hashes, replay.prefix.sharing), by block size.
     prompt_blocks: dict[int, list[list[int]]] = field(default_factory=dict)
     # The server's and the planner's CPUs when [cpus] client pins them apart.
     cpus: cpus_mod.CpuSplit | None = None
@@ -224,24 +225,15 @@ class PointRunner:
 
     def _client(self, server: VllmServer, max_connections: int) -> StreamingClient:
         settings = self.ctx.settings
-        return StreamingClient(
-            server.url,
-            model=None,
-            api=settings.replay.api,
-            api_key=settings.server.api_key.get_secret_value() if settings.server.api_key else None,
-            max_connections=max_connections,
-            request_timeout_s=settings.replay.request_timeout_s,
-            ignore_eos=settings.replay.ignore_eos,
-            default_max_tokens=settings.replay.max_tokens,
-            extra_body=settings.replay.extra_body,
-        )
+        api_key = settings.server.api_key.get_secret_value() if settings.server.api_key else None
+        return settings.replay.client(server.url, model=None, api_key=api_key, max_connections=max_connections)
 
     async def _search_bound(self, server: VllmServer) -> tuple[int | None, str | None]:
         """The search's ceiling and what set it (None when the server reported no capacity and no
         [replay] max_concurrency caps it).
 
         Two KV bounds are recorded: concurrency_upper_bound counts every request's blocks
-        (planner.sweep.bound.concurrency_upper_bound), concurrency_upper_bound_prefix_cache holds
+        (replay.prefix.bound.concurrency_upper_bound), concurrency_upper_bound_prefix_cache holds
         blocks that requests share once (prefix_aware_bound). The search starts from the second
         unless the point's args turn vLLM's prefix cache off (--no-enable-prefix-caching)."""
         ctx, r, settings = self.ctx, self.result, self.ctx.settings
@@ -300,7 +292,7 @@ class PointRunner:
 
     def _search(self, replay: Replay, upper: int) -> Coroutine[Any, Any, SearchOutcome]:
         """The point's search, capped by the ceiling `upper`. Its first probe is the ceiling itself
-        (the cheapest step to measure; the search narrows down from there, replay.search), or
+        (the cheapest step to measure; the search narrows down from there, replay.search.policy), or
         [replay] start_concurrency when given."""
         start = self.ctx.settings.replay.start_concurrency
         return replay.search(start=upper if start is None else min(start, upper), upper=upper)

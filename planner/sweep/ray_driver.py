@@ -208,7 +208,7 @@ class RayExecutor:
             )
 
         def on_events(point_id: str, events: list) -> None:
-            def adopt(snapshot: dict) -> None:
+            def adopt(snapshot: PointResult) -> None:
                 if point_id not in finished:
                     _adopt(by_id[point_id], snapshot)
                     ctx.save()
@@ -302,12 +302,11 @@ def _release(group: PlacementGroup) -> None:
         remove_placement_group(group)
 
 
-def _adopt(result: PointResult, reported: PointResult | dict) -> None:
-    """Take over what a node reported (its result, or a snapshot of it relayed as plain data), in
-    place: the sweep's list holds this object."""
-    fresh = reported if isinstance(reported, PointResult) else PointResult.model_validate(reported)
+def _adopt(result: PointResult, reported: PointResult) -> None:
+    """Take over what a node reported (its result, or a relayed snapshot of it), in place: the
+    sweep's list holds this object."""
     for name in PointResult.model_fields:
-        setattr(result, name, getattr(fresh, name))
+        setattr(result, name, getattr(reported, name))
 
 
 async def _drain(relay: Queue, on_events) -> None:

@@ -31,7 +31,7 @@ from planner.sweep.ray_ranks import HeadlessRanks, accelerator_type, local_gpus,
 from planner.sweep.relay import RelayObserver
 from planner.sweep.results import NodeRank, PointResult
 from planner.vllm_log import log_tail
-from replay.corpus import Corpus
+from replay.corpus.jsonl import Corpus
 
 # How often a node sends its point's events to the driver.
 RELAY_EVERY_S = 0.25

@@ -16,6 +16,7 @@ import contextlib
 import shutil
 import socket
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,15 @@ def accelerator_type(node_id: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class RankStopped:
+    """What a headless rank leaves when it stops: its vLLM's exit code and its log, which lived
+    on its own node."""
+
+    exit_code: int | None
+    log: bytes
+
+
 @ray.remote(max_restarts=0, max_task_retries=0)
 class HeadlessRank:
     """vLLM rank `rank` (> 0) of a point, headless, on the GPUs Ray gave this actor."""
@@ -94,7 +104,7 @@ class HeadlessRank:
             headless=True,
         )
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self) -> NodeRank:
         await self.server.start()
         models = sorted({g.name for g in local_gpus(self.gpu_ids)})
         return NodeRank(
@@ -103,7 +113,7 @@ class HeadlessRank:
             node_hostname=socket.gethostname(),
             gpu_ids=list(self.gpu_ids),
             gpu_model=", ".join(models) or accelerator_type(self.node_id),
-        ).model_dump(mode="json")
+        )
 
     async def wait_exit(self) -> int:
         return await self.server.wait_exit()
@@ -112,11 +122,11 @@ class HeadlessRank:
         """None while its vLLM runs (and the actor answering at all says its node is up)."""
         return self.server.exit_code
 
-    async def stop(self) -> dict[str, Any]:
+    async def stop(self) -> RankStopped:
         await self.server.stop()
         log = self.server.log_path.read_bytes() if self.server.log_path.is_file() else b""
         shutil.rmtree(self.workdir, ignore_errors=True)
-        return {"exit_code": self.server.exit_code, "log": log}
+        return RankStopped(exit_code=self.server.exit_code, log=log)
 
 
 class HeadlessRanks:
@@ -171,7 +181,7 @@ class HeadlessRanks:
         while True:
             actor = self.actors[rank] = self._spawn(rank)
             try:
-                return NodeRank.model_validate(await actor.start.remote())
+                return await actor.start.remote()
             except RayTaskError as exc:
                 raise PeerStartFailed(f"rank {rank} did not start: {exc.cause}") from None
             except RayActorError as exc:
@@ -239,9 +249,9 @@ class HeadlessRanks:
             await asyncio.wait(stops, timeout=grace)
         for rank, stop in zip(self.ranks, stops):
             if stop.done() and not stop.cancelled() and stop.exception() is None:
-                out = stop.result()
-                self.logs[rank.rank] = out["log"]
-                rank.exit_code = out["exit_code"]
+                out: RankStopped = stop.result()
+                self.logs[rank.rank] = out.log
+                rank.exit_code = out.exit_code
         for stop in stops:
             stop.cancel()
         for actor in self.actors.values():

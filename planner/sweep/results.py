@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 from planner.capacity import Capacity, Failure
 from planner.estimate import Estimate
-from replay import slo as slo_mod
 from replay.errors import SloSpecError
 from replay.identity import Identity
+from replay.model import ResultModel
 from replay.results import StepResult, write_json_atomic
+from replay.slo import rules as slo_mod
 
 RESULTS_FILE = "sweep.json"
 
@@ -38,11 +39,7 @@ INFEASIBLE_KINDS = frozenset(
 )
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class NotPredicted(_Model):
+class NotPredicted(ResultModel):
     """Why a point has no estimate; sweep.json keeps it as the point's prediction ({"error": ...})."""
 
     model_config = ConfigDict(extra="forbid")
@@ -51,7 +48,7 @@ class NotPredicted(_Model):
     error: str
 
 
-class NodeRank(_Model):
+class NodeRank(ResultModel):
     """One node of a point that vLLM spreads over several ([grid.extra] nnodes): rank 0 serves the
     API and is replayed against; the others run vLLM headless."""
 
@@ -71,7 +68,7 @@ class NodeRank(_Model):
     exit_code: int | None = None
 
 
-class PointResult(_Model):
+class PointResult(ResultModel):
     # The point's id: its number and axis values (01-mml12288-...).
     id: str
     # The point's axis values: flag names in underscore form (max_model_len, gpu_memory_utilization,
@@ -103,7 +100,7 @@ class PointResult(_Model):
     # The mean KV blocks a corpus request occupies (prompt plus output, rounded up to blocks).
     mean_blocks_per_request: float | None = None
     # vLLM's prefix cache: on unless the point's args say --no-enable-prefix-caching. With it, the
-    # bound that holds a block shared by requests in flight once (planner.sweep.bound.
+    # bound that holds a block shared by requests in flight once (replay.prefix.bound.
     # prefix_aware_bound), from the distinct shared prompt blocks and each request's own blocks.
     prefix_caching: bool | None = None
     # The bound with blocks that requests share held once (never below concurrency_upper_bound).
@@ -171,7 +168,7 @@ class PointResult(_Model):
     log_path: str | None = None
 
 
-class Best(_Model):
+class Best(ResultModel):
     # The recommended point.
     point_id: str
     # Its safe concurrency per GPU.
@@ -184,7 +181,7 @@ class Best(_Model):
     others: dict[str, str] = Field(default_factory=dict)
 
 
-class CorpusInfo(_Model):
+class CorpusInfo(ResultModel):
     # The corpus file.
     path: str
     # Its SHA-256.
@@ -193,14 +190,14 @@ class CorpusInfo(_Model):
     requests: int
 
 
-class CpuSplitInfo(_Model):
+class CpuSplitInfo(ResultModel):
     # The CPUs the servers were pinned to.
     server: list[int]
     # The CPUs the planner kept.
     client: list[int]
 
 
-class RunInfo(_Model):
+class RunInfo(ResultModel):
     """What this run found rather than what it was told: the corpus, vLLM's version, the GPUs."""
 
     # The prompt corpus.
@@ -217,7 +214,7 @@ class RunInfo(_Model):
 _RUN_KEYS_IN_V1_SETTINGS = ("corpus", "vllm_version", "gpus_found")
 
 
-class _Saved(_Model):
+class _Saved(ResultModel):
     """A section saved as given: any keys, written back in the order they came in (typed fields
     would otherwise go first)."""
 
@@ -274,7 +271,7 @@ class SavedSettings(_Saved):
     slo: SavedSlo = Field(default_factory=SavedSlo)
 
 
-class SweepResults(_Model):
+class SweepResults(ResultModel):
     # The file's format version.
     schema_version: int = SCHEMA_VERSION
     # When the sweep started (UTC, ISO 8601).

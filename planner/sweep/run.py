@@ -24,7 +24,7 @@ from planner.sweep.point import PointContext, now
 from planner.sweep.predict import should_skip
 from planner.sweep.results import RESULTS_FILE, CorpusInfo, CpuSplitInfo, NotPredicted, PointResult, RunInfo, SweepResults
 from planner.sweep.version import probe_version
-from replay.corpus import Corpus
+from replay.corpus.jsonl import Corpus
 
 FINISHED = {"ok", "infeasible", "predicted_infeasible"}
 

@@ -24,8 +24,8 @@ from planner.estimate.gpu_catalog import lookup
 from planner.estimate.model_source import resolve_model
 from planner.estimate.units import format_bytes
 from planner.sweep.predict import should_skip
-from replay.corpus import load_corpus, request_text
-from replay.slo import DEFAULT_SLO
+from replay.corpus.jsonl import load_corpus, request_text
+from replay.slo.rules import DEFAULT_SLO
 
 CONTEXT_LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)
 TP_SIZES = (1, 2, 4, 8)

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from planner.launcher import VllmServer
+from planner.launcher import VllmServer, group_members
 from planner.ports import port_is_free
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,36 +94,19 @@ def ensure_tiny_model() -> TinyModel:
 
 
 def live_group_members(pgid: int) -> list[str]:
-    """The processes of group `pgid` that are still running ("pid state name"), zombies left out.
-
-    A zombie holds no memory, no port and no CPU: it only waits for its parent to read its exit
-    status. vLLM's EngineCore and workers are re-parented to PID 1 when the API server exits, and
-    some container inits reap such orphans late, so a zombie may linger after a clean stop.
-    """
-    proc = Path("/proc")
-    if not proc.is_dir():
-        # No procfs (macOS): the group is alive while signal 0 reaches any member, zombies included.
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [f"group {pgid}"]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited while we looked
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(pgrp) == pgid and state not in ("Z", "X"):
-            members.append(f"{entry.name} {state} {name}")
-    return members
+    """The processes of group `pgid` that are still running ("pid state name"), zombies left out
+    (planner.launcher.group_members)."""
+    members = group_members(pgid)
+    if members is not None:
+        return members
+    # No procfs (macOS): the group is alive while signal 0 reaches any member, zombies included.
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    return [f"group {pgid}"]
 
 
 def group_alive(pgid: int) -> bool:

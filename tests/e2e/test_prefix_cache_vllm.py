@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from planner.sweep.bound import prefix_aware_bound, request_blocks
 from planner.vllm_log import cache_config_labels
-from replay.corpus import load_corpus
-from replay.corpus_stats import server_prompt_blocks
-from replay.prefix_cache import sharing
-from replay.session import run_replay
-from replay.settings import ReplaySettings
+from replay.corpus.jsonl import load_corpus
+from replay.prefix.bound import prefix_aware_bound, request_blocks
+from replay.prefix.corpus_stats import server_prompt_blocks
+from replay.prefix.sharing import sharing
+from replay.run.entry import run_replay
+from replay.run.settings import ReplaySettings
 from tests.e2e.support import CPU_BLOCK_SIZE
 
 pytestmark = pytest.mark.e2e

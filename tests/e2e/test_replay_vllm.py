@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from replay.corpus import load_corpus
+from replay.corpus.jsonl import load_corpus
 from replay.results import ReplayResults, StepResult
-from replay.session import RESULTS_FILE, run_replay
-from replay.settings import ReplaySettings
+from replay.run.entry import RESULTS_FILE, run_replay
+from replay.run.settings import ReplaySettings
 from tests.e2e.support import CPU_BLOCK_SIZE, SHARED_KV_BYTES, TinyModel
 
 pytestmark = pytest.mark.e2e

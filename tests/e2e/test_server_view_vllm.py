@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from replay.corpus import load_corpus
-from replay.session import run_replay
-from replay.settings import ReplaySettings
+from replay.corpus.jsonl import load_corpus
+from replay.run.entry import run_replay
+from replay.run.settings import ReplaySettings
 
 pytestmark = pytest.mark.e2e
 

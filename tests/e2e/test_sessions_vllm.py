@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from replay.client import StreamingClient
-from replay.conversation import TurnRequest
-from replay.corpus import load_corpus
+from replay.client.streaming import StreamingClient
+from replay.corpus.jsonl import load_corpus
+from replay.load.conversation import TurnRequest
 from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
-from replay.session import run_replay
-from replay.settings import ReplaySettings
+from replay.run.entry import run_replay
+from replay.run.settings import ReplaySettings
 
 pytestmark = pytest.mark.e2e
 

@@ -845,18 +845,20 @@ READY_PREFIX = "fake-openai-server ready on "
 
 def start_process(log: Path, *args: str, ready_timeout_s: float = 15.0) -> tuple[subprocess.Popen, str]:
     """Run this server as its own process (output to `log`, so no pipe is left unread) and wait
-    for its ready line; returns the process and its URL. Raises SystemExit if it never gets ready."""
+    for its ready line; returns the process and its URL. Raises RuntimeError, with the server's
+    output, if it never gets ready."""
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, __file__, *args], stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.time() + ready_timeout_s
-    while time.time() < deadline and proc.poll() is None:
+    deadline = time.perf_counter() + ready_timeout_s
+    while time.perf_counter() < deadline and proc.poll() is None:
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith(READY_PREFIX):
                 return proc, line[len(READY_PREFIX) :].strip()
-        time.sleep(0.05)
+        time.sleep(0.02)
     proc.kill()
     proc.wait()
-    raise SystemExit(f"fake server did not start: {log.read_text(errors='replace')}")
+    raise RuntimeError(f"the fake server did not start (args {args}); its output:\n{log.read_text(errors='replace')}")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-FAKE_SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "fakes" / "openai_server.py"
-READY_PREFIX = "fake-openai-server ready on "
+from tests.fakes.openai_server import start_process
+from tests.integration.stopping import terminate_and_wait
+
 READY_TIMEOUT_S = 15.0
 
 
@@ -36,34 +35,19 @@ def spawn_fake_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
     Its output goes to a file in tmp_path (a pipe nobody reads could block it); every process
     started is terminated when the test ends.
     """
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[subprocess.Popen] = []
 
     def spawn(*args: str) -> str:
-        log = tmp_path / f"fake-server-{len(procs)}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, str(FAKE_SERVER_SCRIPT), "--host", "127.0.0.1", "--port", "0", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        proc, url = start_process(
+            tmp_path / f"fake-server-{len(procs)}.log", "--host", "127.0.0.1", "--port", "0", *args,
+            ready_timeout_s=READY_TIMEOUT_S,
+        )
         procs.append(proc)
-        deadline = time.perf_counter() + READY_TIMEOUT_S
-        while time.perf_counter() < deadline and proc.poll() is None:
-            for line in log.read_text(errors="replace").splitlines():
-                if line.startswith(READY_PREFIX):
-                    return line[len(READY_PREFIX) :].strip()
-            time.sleep(0.02)
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"fake server did not start (args {args}); its output:\n{log.read_text(errors='replace')}")
+        return url
 
     yield spawn
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
     for proc in procs:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate_and_wait(proc, timeout_s=5)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from replay.client import StreamingClient
+from replay.client.streaming import StreamingClient
 from replay.errors import AuthError, ModelNotServed, ServerUnreachable
 from replay.records import RequestRecord
 from tests.fakes.openai_server import Behavior, FakeServer, count_text_tokens

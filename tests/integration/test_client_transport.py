@@ -8,7 +8,7 @@ import contextlib
 import httpx
 import pytest
 
-from replay.transport import LoadTransport
+from replay.client.transport import LoadTransport
 from tests.fakes.openai_server import Behavior, FakeServer
 
 BODY = {"model": "fake-model", "prompt": "hi", "max_tokens": 10, "stream": True}

@@ -28,9 +28,9 @@ import httpx
 import pytest
 
 from planner.exporter import PlannerMetrics
-from replay.corpus import load_corpus
-from replay.session import run_replay
-from replay.settings import ReplaySettings
+from replay.corpus.jsonl import load_corpus
+from replay.run.entry import run_replay
+from replay.run.settings import ReplaySettings
 from tests.fakes.openai_server import Behavior, FakeServer
 from tests.integration.prometheus import free_port, query, running_prometheus, wait_for_value
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,11 +21,11 @@ import yaml
 from planner.cli import main
 from planner.export.alerts import RUNNING_ALERT
 from planner.sweep.results import SweepResults
-from replay.corpus import load_corpus
-from replay.session import run_replay
-from replay.settings import ReplaySettings
+from replay.corpus.jsonl import load_corpus
+from replay.run.entry import run_replay
+from replay.run.settings import ReplaySettings
 from tests.fakes.openai_server import Behavior, FakeServer
-from tests.fakes.sweep_files import FAKE_VLLM, write_corpus
+from tests.fakes.sweep_files import write_corpus, write_sweep_config
 from tests.integration.prometheus import query, running_prometheus, wait_for_value
 
 ALERT_TIMEOUT_S = 30.0
@@ -34,35 +33,17 @@ ALERT_TIMEOUT_S = 30.0
 
 def _sweep(tmp_path: Path) -> tuple[Path, str]:
     """Run a one-point sweep of the fake vLLM (known answer: safe concurrency 4, as in test_sweep)."""
-    corpus = write_corpus(tmp_path / "corpus.jsonl")
     model = f"export-{uuid.uuid4().hex[:8]}"
-    cfg = tmp_path / "sweep.toml"
-    cfg.write_text(f"""
-prompts = "{corpus}"
-[server]
-command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
-model = "{model}"
-args = ["--enforce-eager"]
-env = {{ FAKE_VLLM_ITL_S = "0.04", FAKE_VLLM_ITL_GROWTH = "0.5", FAKE_VLLM_TTFT_S = "0.005" }}
-startup_timeout_s = 30
-stop_grace_s = 5
-[grid]
-max_model_len = [2048]
-[grid.extra]
-kv_cache_memory_bytes = ["4M"]
-[replay]
-start_concurrency = 4
-min_requests = 30
-max_window_s = 60
-request_timeout_s = 30
-[slo]
-tpot_p50_ms = 150
-error_rate = 0
-max_preemptions = 0
-headroom = 0.2
-[gpus]
-devices = "none"
-""")
+    cfg = write_sweep_config(
+        tmp_path,
+        corpus=write_corpus(tmp_path / "corpus.jsonl"),
+        env={"FAKE_VLLM_ITL_S": "0.04", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005"},
+        grid={"max_model_len": [2048]},
+        extra={"kv_cache_memory_bytes": ["4M"]},
+        replay={"start_concurrency": 4, "min_requests": 30, "max_window_s": 60, "request_timeout_s": 30},
+        slo={"tpot_p50_ms": 150, "error_rate": 0, "max_preemptions": 0, "headroom": 0.2},
+        model=model,
+    )
     out = tmp_path / "sweep"
     assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
     return out, model

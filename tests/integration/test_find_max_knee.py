@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from replay.corpus import load_corpus
-from replay.session import run_replay
-from replay.settings import ReplaySettings
+from replay.corpus.jsonl import load_corpus
+from replay.run.entry import run_replay
+from replay.run.settings import ReplaySettings
 
 # 12 ms gaps (not 5): a shared 2-core machine's scheduling adds a few ms to each gap, which at
 # 5 ms doubled TPOT and moved the knee the client can measure below the range asserted here.

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from planner.cli import main
-from replay.corpus import load_corpus
-from replay.corpus_stats import server_prompt_blocks
+from replay.corpus.jsonl import load_corpus
+from replay.prefix.corpus_stats import server_prompt_blocks
 from tests.fakes.openai_server import Behavior, FakeServer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"

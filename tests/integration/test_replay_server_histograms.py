@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from replay.corpus import load_corpus
+from replay.corpus.jsonl import load_corpus
 from replay.results import ReplayResults
-from replay.session import run_replay
-from replay.settings import ReplaySettings
+from replay.run.entry import run_replay
+from replay.run.settings import ReplaySettings
 from tests.fakes.openai_server import Behavior, FakeServer
 
 TTFT_S, ITL_S, TOKENS = 0.03, 0.015, 20

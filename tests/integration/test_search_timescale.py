@@ -5,8 +5,6 @@ learns, and finds the law's knee with default settings; running out of time is n
 from __future__ import annotations
 
 import json
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from planner.cli import main
 from planner.sweep.results import SweepResults
 from replay.results import ReplayResults
-from tests.fakes.sweep_files import FAKE_VLLM, write_corpus
+from tests.fakes.sweep_files import write_corpus, write_sweep_config
 
 # ITL = 10 ms x (1 + 0.2 x running): 2 ms per running request. Under TPOT p90 <= 50.5 ms the
 # law's knee is 20 (50 ms at 20 running, 52 at 21). Requests ask for 10 tokens: 0.1 s alone,
@@ -80,38 +78,17 @@ def test_a_search_out_of_time_says_unresolved_not_none(tmp_path, spawn_fake_serv
 
 
 def law_sweep_config(tmp_path: Path) -> Path:
-    corpus = write_corpus(tmp_path / "corpus.jsonl", n=400)
-    cfg = tmp_path / "sweep.toml"
     # 512 KiB / 256 B per token = 2,048 tokens = 16 blocks of 128; one block a request (the
-    # corpus's): the corpus-aware bound is about 16 in flight.
-    cfg.write_text(
-        f"""
-prompts = "{corpus}"
-
-[server]
-command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
-model = "{tmp_path.name}-{uuid.uuid4().hex[:8]}"
-args = ["--enforce-eager"]
-env = {{ FAKE_VLLM_ITL_S = "0.01", FAKE_VLLM_ITL_GROWTH = "0.2", FAKE_VLLM_TTFT_S = "0.005" }}
-startup_timeout_s = 30
-stop_grace_s = 5
-
-[grid]
-max_model_len = [1024]
-[grid.extra]
-kv_cache_memory_bytes = ["512K"]
-
-[slo]
-# ITL 10 ms x (1 + 0.2 x C): 26 ms at 8, 28 at 9.
-tpot_p90_ms = 27
-error_rate = 0
-headroom = 0.2
-
-[gpus]
-devices = "none"
-"""
+    # corpus's): the corpus-aware bound is about 16 in flight. ITL 10 ms x (1 + 0.2 x C): 26 ms
+    # at 8, 28 at 9, against a TPOT p90 of 27 ms.
+    return write_sweep_config(
+        tmp_path,
+        corpus=write_corpus(tmp_path / "corpus.jsonl", n=400),
+        env={"FAKE_VLLM_ITL_S": "0.01", "FAKE_VLLM_ITL_GROWTH": "0.2", "FAKE_VLLM_TTFT_S": "0.005"},
+        grid={"max_model_len": [1024]},
+        extra={"kv_cache_memory_bytes": ["512K"]},
+        slo={"tpot_p90_ms": 27, "error_rate": 0, "headroom": 0.2},
     )
-    return cfg
 
 
 @pytest.mark.timeout(300)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import tomllib
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,53 +20,24 @@ from planner.sweep.config import load_settings
 from planner.sweep.grid import expand, fingerprint
 from planner.sweep.results import SweepResults
 from planner.sweep.run import previous_results
-from tests.fakes.sweep_files import FAKE_VLLM, ROOT, write_corpus
+from tests.fakes.sweep_files import ROOT, write_corpus, write_sweep_config
 from tests.integration.stopping import signal_and_wait
 
 
-def write_config(tmp_path: Path, *, kv_bytes: list[str], extra_env: dict | None = None, grid_env: str = "") -> Path:
-    """A sweep of the fake vLLM; its model name is unique, so the processes of this sweep can be told apart."""
-    corpus = write_corpus(tmp_path / "corpus.jsonl")
-    env = {"FAKE_VLLM_ITL_S": "0.04", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005", **(extra_env or {})}
-    env_toml = ", ".join(f'{k} = "{v}"' for k, v in env.items())
-    cfg = tmp_path / "sweep.toml"
-    cfg.write_text(
-        f"""
-prompts = "{corpus}"
-
-[server]
-command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
-model = "{tmp_path.name}-{uuid.uuid4().hex[:8]}"
-args = ["--enforce-eager"]
-env = {{ {env_toml} }}
-startup_timeout_s = 30
-stop_grace_s = 5
-
-[grid]
-max_model_len = [2048]
-[grid.extra]
-kv_cache_memory_bytes = {json.dumps(kv_bytes)}
-{grid_env}
-
-[replay]
-start_concurrency = 4
-min_requests = 30
-max_window_s = 60
-request_timeout_s = 30
-
-[slo]
-# ITL at concurrency C is about 40 ms x (1 + 0.5 C): 120 ms at 4, 140 at 5, 160 at 6. TPOT (a
-# request's mean gap) is the SLO: a starved server sends tokens in bursts, which skews a median gap.
-tpot_p50_ms = 150
-error_rate = 0
-max_preemptions = 0
-headroom = 0.2
-
-[gpus]
-devices = "none"
-"""
+def write_config(tmp_path: Path, *, kv_bytes: list[str], extra_env: dict | None = None, grid_env: dict | None = None) -> Path:
+    """A sweep of the fake vLLM over kv_bytes. ITL at concurrency C is about 40 ms x (1 + 0.5 C):
+    120 ms at 4, 140 at 5, 160 at 6. TPOT (a request's mean gap) is the SLO: a starved server
+    sends tokens in bursts, which skews a median gap."""
+    return write_sweep_config(
+        tmp_path,
+        corpus=write_corpus(tmp_path / "corpus.jsonl"),
+        env={"FAKE_VLLM_ITL_S": "0.04", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005", **(extra_env or {})},
+        grid={"max_model_len": [2048]},
+        extra={"kv_cache_memory_bytes": kv_bytes},
+        replay={"start_concurrency": 4, "min_requests": 30, "max_window_s": 60, "request_timeout_s": 30},
+        slo={"tpot_p50_ms": 150, "error_rate": 0, "max_preemptions": 0, "headroom": 0.2},
+        more={"grid.env": grid_env or {}},
     )
-    return cfg
 
 
 def fake_vllm_processes(cfg: Path) -> list[str]:
@@ -137,7 +107,7 @@ def test_server_killed_mid_step_fails_the_point_and_the_sweep_goes_on(tmp_path):
         tmp_path,
         kv_bytes=["4M"],
         # Dies in the second step (c=8): the first (c=4) takes 4 warm-up + 30 measured requests.
-        grid_env='[grid.env]\nFAKE_VLLM_DIE_AFTER_REQUESTS = ["45", "0"]',
+        grid_env={"FAKE_VLLM_DIE_AFTER_REQUESTS": ["45", "0"]},
     )
     out = tmp_path / "out"
     assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0

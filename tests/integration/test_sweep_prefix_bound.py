@@ -8,53 +8,28 @@ blocks, 1 of them its own. With the cache the search starts from the prefix-awar
 from __future__ import annotations
 
 import json
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from planner.cli import main
 from planner.sweep.results import SweepResults
-from tests.fakes.sweep_files import FAKE_VLLM
+from tests.fakes.sweep_files import write_sweep_config
 
 
 def _config(tmp_path: Path) -> Path:
     corpus = tmp_path / "corpus.jsonl"
     system = "S" * (4 * 512)
     corpus.write_text("".join(json.dumps({"prompt": system + f"question {i:02d}?", "max_tokens": 16}) + "\n" for i in range(60)))
-    cfg = tmp_path / "sweep.toml"
-    cfg.write_text(
-        f"""
-prompts = "{corpus}"
-
-[server]
-command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
-model = "{tmp_path.name}-{uuid.uuid4().hex[:8]}"
-args = ["--enforce-eager"]
-env = {{ FAKE_VLLM_ITL_S = "0.002", FAKE_VLLM_TTFT_S = "0.002" }}
-startup_timeout_s = 30
-stop_grace_s = 5
-
-[grid]
-max_model_len = [2048]
-[grid.extra]
-kv_cache_memory_bytes = ["1M"]
-enable_prefix_caching = [true, false]
-
-[replay]
-min_requests = 20
-max_window_s = 30
-request_timeout_s = 30
-
-[slo]
-error_rate = 0
-
-[gpus]
-devices = "none"
-"""
+    return write_sweep_config(
+        tmp_path,
+        corpus=corpus,
+        env={"FAKE_VLLM_ITL_S": "0.002", "FAKE_VLLM_TTFT_S": "0.002"},
+        grid={"max_model_len": [2048]},
+        extra={"kv_cache_memory_bytes": ["1M"], "enable_prefix_caching": [True, False]},
+        replay={"min_requests": 20, "max_window_s": 30, "request_timeout_s": 30},
+        slo={"error_rate": 0},
     )
-    return cfg
 
 
 @pytest.mark.timeout(300)

@@ -31,7 +31,7 @@ from planner.report import write_report
 from planner.sweep.config import load_settings
 from planner.sweep.results import SweepResults
 from planner.sweep.run import run_sweep
-from replay.corpus import load_corpus
+from replay.corpus.jsonl import load_corpus
 from tests.fakes.results import value
 from tests.fakes.sweep_files import ROOT
 from tests.fakes.sweep_files import write_ray_sweep_config as write_config

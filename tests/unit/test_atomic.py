@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from replay.atomic import atomic_text
+from replay.corpus.sharegpt import convert_sharegpt
 from replay.results import write_json_atomic
-from replay.sharegpt import convert_sharegpt
 
 
 @pytest.fixture

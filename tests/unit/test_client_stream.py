@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from replay.client import StreamingClient, normalize_base_url
+from replay.client.streaming import StreamingClient, normalize_base_url
 from replay.errors import AuthError, ModelNotServed, ReplayError, ServerError, ServerUnreachable
 
 
 @dataclass
 class Req:
-    """The fields of replay.corpus.CorpusRequest the client reads."""
+    """The fields of replay.corpus.jsonl.CorpusRequest the client reads."""
 
     id: str = "r1"
     prompt: str | None = "hello"

@@ -10,13 +10,13 @@ import pytest
 
 from planner.cli import main
 from planner.compare.core import capacity_verdict, compare, representative_steps
+from planner.compare.identity import differences
 from planner.compare.runs import RunPoint, load_run, match
 from planner.identity import hardware, model_identity, parse_gpu_query
 from planner.sweep.results import PointResult, SweepResults
-from planner.compare.identity import differences
 from replay.identity import Hardware, Identity, ModelIdentity
+from replay.identity import served_model_files
 from replay.results import LatencySummary, LoadSpec, ReplayResults
-from replay.session import served_model_files
 from tests.fakes.results import FIXTURES, make_step
 
 # --- identity -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from planner.compare.stats import difference_test, holm
-from replay import stats
+from replay.stats import samples as stats
 
 DRAWS = 200
 REQUESTS = 400
@@ -60,7 +60,7 @@ def test_a_20_percent_slowdown_is_found_in_at_least_90_percent(stat):
 def test_ignoring_the_correlation_would_alarm_far_more_often():
     # The same samples with intervals as if the requests were independent (tau = 1): the test
     # is only honest because the stored intervals use the effective sample size.
-    from replay import intervals
+    from replay.stats import intervals
 
     rng = np.random.default_rng(22)
     alarms = 0

@@ -1,4 +1,4 @@
-"""replay.corpus: every validation error names file:line and what is valid; skips are counted."""
+"""replay.corpus.jsonl: every validation error names file:line and what is valid; skips are counted."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.corpus import SKIP_SAMPLES, CorpusRequest, load_corpus, request_text
+from replay.corpus.jsonl import SKIP_SAMPLES, CorpusRequest, load_corpus, request_text
 from replay.errors import CorpusError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.corpus import load_corpus
+from replay.corpus.jsonl import load_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = ROOT / "prompts" / "chat-sessions.jsonl"

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.corpus import load_corpus, request_text
-from replay.corpus_stats import corpus_stats, render_stats
-from replay.lengths import ESTIMATE_RULE, estimate_tokens
+from replay.corpus.jsonl import load_corpus, request_text
+from replay.corpus.lengths import ESTIMATE_RULE, estimate_tokens
+from replay.prefix.corpus_stats import corpus_stats, render_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 PROD = ROOT / "prompts" / "prod.jsonl"

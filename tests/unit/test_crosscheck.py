@@ -2,9 +2,9 @@
 
 import pytest
 
-from replay.crosscheck import cross_check, itl_gaps_ms
 from replay.records import RequestRecord
 from replay.results import LatencySummary, ServerLatency, ServerSummary
+from replay.server.crosscheck import cross_check, itl_gaps_ms
 from tests.fakes.results import make_step
 
 pytestmark = pytest.mark.timeout(30)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from replay import intervals
+from replay.stats import intervals
 
 SIGMA = 0.5
 Z = {0.5: 0.0, 0.9: 1.2815515655446004, 0.99: 2.3263478740408408}

@@ -3,7 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
-from replay.load import Concurrency, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
+from replay.load.kinds import Concurrency, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
 
 
 def test_poisson_is_seeded_and_has_the_right_rate():

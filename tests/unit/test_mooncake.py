@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from replay.corpus import load_corpus
+from replay.corpus.jsonl import load_corpus
+from replay.corpus.lengths import estimate_tokens
+from replay.corpus.mooncake import convert_mooncake
 from replay.errors import CorpusError
-from replay.lengths import estimate_tokens
-from replay.mooncake import convert_mooncake
-from replay.prefix_cache import block_hashes, estimate_token_ids
+from replay.prefix.sharing import block_hashes, estimate_token_ids
 
 BLOCK = 16
 TRACE = [

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.sweep.bound import prefix_aware_bound
-from replay.lengths import estimate_tokens
-from replay.prefix_cache import block_hashes, estimate_token_ids, sharing, simulate_hits
+from replay.corpus.lengths import estimate_tokens
+from replay.prefix.bound import prefix_aware_bound
+from replay.prefix.sharing import block_hashes, estimate_token_ids, sharing, simulate_hits
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "prefix_cache" / "vllm_block_hashes.json"
 

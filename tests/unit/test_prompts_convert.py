@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from replay.corpus import load_corpus
+from replay.corpus.jsonl import load_corpus
+from replay.corpus.sharegpt import convert_sharegpt
 from replay.errors import CorpusError
-from replay.sharegpt import convert_sharegpt
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from replay.chatlog import group_chat_log
-from replay.corpus import load_corpus
+from replay.corpus.chatlog import group_chat_log
+from replay.corpus.jsonl import load_corpus
 from replay.errors import CorpusError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
@@ -26,7 +26,7 @@ def test_sharegpt_conversations_become_sessions_with_recorded_replies(tmp_path, 
     assert main(["prompts", "sharegpt", str(FIXTURES / "sharegpt.json"), str(out)]) == 0
     assert capsys.readouterr().out == f"converted 3 conversations to sessions in {out}; skipped 2 with no human turn\n"
     first = read_jsonl(out)[0]
-    # 84 bytes -> 21 tokens; 78 -> 20 (replay.lengths' estimate).
+    # 84 bytes -> 21 tokens; 78 -> 20 (replay.corpus.lengths' estimate).
     assert first == {
         "id": "sg-1",
         "system": "You are a helpful assistant.",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from replay.lengths import ESTIMATE_RULE, estimate_tokens
+from replay.corpus.lengths import ESTIMATE_RULE, estimate_tokens
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
 GOOD = FIXTURES / "good.jsonl"

@@ -3,10 +3,10 @@
 import asyncio
 from dataclasses import dataclass
 
+from replay.load.drivers import RequestCursor
 from replay.records import RequestRecord
 from replay.results import LatencySummary
-from replay.saturation import MAX_TOKENS, Saturation, first_probe, saturation_probe
-from replay.step import RequestCursor
+from replay.search.saturation import MAX_TOKENS, Saturation, first_probe, saturation_probe
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from replay.search import (
+from replay.search.policy import (
     Bracket,
     Probe,
     bracket,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.server_histograms import histogram_quantile, parse_snapshot, window_figures
-from replay.server_metrics import hit_rate
+from replay.server.histograms import histogram_quantile, parse_snapshot, window_figures
+from replay.server.metrics import hit_rate
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_metrics"
 MODEL = "/models/tiny-llama"

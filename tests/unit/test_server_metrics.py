@@ -1,4 +1,4 @@
-from replay.server_metrics import Sample, parse_sample, summarize
+from replay.server.metrics import Sample, parse_sample, summarize
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -64,7 +64,7 @@ def _vllm_text(name: str) -> str:
 def test_marks_snapshot_the_histograms_through_the_same_fetch():
     import asyncio
 
-    from replay.server_metrics import MetricsScraper
+    from replay.server.metrics import MetricsScraper
 
     texts = iter([_vllm_text("idle"), _vllm_text("busy")])
     calls = []
@@ -91,7 +91,7 @@ def test_marks_snapshot_the_histograms_through_the_same_fetch():
 def test_a_failed_snapshot_is_a_note_not_an_error():
     import asyncio
 
-    from replay.server_metrics import MetricsScraper
+    from replay.server.metrics import MetricsScraper
 
     async def broken():
         raise ConnectionError("refused")
@@ -129,7 +129,7 @@ def test_samples_near_the_edges_still_speak_for_a_short_window():
 
 
 def test_an_unsampled_window_leaves_the_server_rules_undecided():
-    from replay import slo
+    from replay.slo import rules as slo
     from tests.fakes.results import make_step
 
     unsampled = summarize([Sample(0.0, 0.0, 0, 0, 0)], 10.0, 14.0, None, max_edge_gap_s=2.0)

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from replay.conversation import Occupancy, SessionCursor, ThinkTime, mean_think_per_request_s
-from replay.corpus import load_corpus
+from replay.corpus.jsonl import load_corpus
 from replay.errors import CorpusError
-from replay.load import Concurrency, PoissonRate, TraceReplay
-from replay.step import Window, run_step
+from replay.load.conversation import Occupancy, SessionCursor, ThinkTime, mean_think_per_request_s
+from replay.load.kinds import Concurrency, PoissonRate, TraceReplay
+from replay.step.run import run_step
+from replay.step.window import Window
 from tests.fakes.senders import SleepySender
 from tests.fakes.virtual_time import run_virtual, virtual_clock
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from replay.sse import DONE, SSEParser
+from replay.client.sse import DONE, SSEParser
 
 VLLM_STREAM = (
     'data: {"id":"cmpl-1","choices":[{"index":0,"text":" h\u00e9llo \u4e16\u754c","finish_reason":null}]}\n\n'

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from replay import stats
-from replay.crosscheck import itl_gaps_ms
 from replay.records import RequestRecord
+from replay.server.crosscheck import itl_gaps_ms
+from replay.stats import samples as stats
 
 
 def rec(send, first, times, end, completion=None, error=None):

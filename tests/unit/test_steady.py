@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from replay.steady import mser5, steady_start
+from replay.stats.steady import mser5, steady_start
 
 
 @pytest.mark.timeout(10)

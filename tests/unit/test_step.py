@@ -5,9 +5,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from replay.load import Concurrency, PoissonRate, TraceReplay
+from replay.load.drivers import RequestCursor
+from replay.load.kinds import Concurrency, PoissonRate, TraceReplay
 from replay.records import RequestRecord
-from replay.step import RequestCursor, Window, run_step
+from replay.step.run import run_step
+from replay.step.window import Window
 from tests.fakes.senders import CORPUS, Req, SleepySender
 from tests.fakes.virtual_time import run_virtual, virtual_clock
 

@@ -4,8 +4,10 @@ import asyncio
 
 import pytest
 
-from replay.load import Concurrency
-from replay.step import EARLY_FAIL_REQUESTS, SIZE_FACTOR, RequestCursor, Window, expected_window_s, run_step
+from replay.load.drivers import RequestCursor
+from replay.load.kinds import Concurrency
+from replay.step.run import run_step
+from replay.step.window import EARLY_FAIL_REQUESTS, SIZE_FACTOR, Window, expected_window_s
 from tests.fakes.senders import CORPUS, SleepySender
 
 # TPOT is latency - ttft = 15 ms for SleepySender's defaults.

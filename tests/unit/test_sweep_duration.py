@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from planner.sweep.duration import config_key, expected_text, mean_request_tokens
+from planner.sweep.duration import duration_key, expected_text, mean_request_tokens
 from planner.sweep.grid import Point
-from replay.eta import step_wall_s
+from replay.search.eta import step_wall_s
 
 
 def point(**config) -> Point:
@@ -16,7 +16,7 @@ def point(**config) -> Point:
 def test_a_previous_runs_measured_duration_wins():
     p = point(max_model_len=4096)
     text = expected_text(
-        p, earlier={config_key(p.config): 754.0}, request_duration_s=None, prediction=None,
+        p, earlier={duration_key(p.config): 754.0}, request_duration_s=None, prediction=None,
         mean_request_tokens=None, min_requests=100, confirm=True,
     )
     assert text.startswith("expected 12 min 34 s") and "previous run" in text

@@ -1,7 +1,7 @@
 from planner.capacity import Failure
-from planner.sweep.bound import concurrency_upper_bound, mean_blocks, request_blocks
 from planner.sweep.outcome import choose_best, conclude, output_tokens_per_s_at, safe_concurrency
 from planner.sweep.results import PointResult
+from replay.prefix.bound import concurrency_upper_bound, mean_blocks, request_blocks
 from replay.results import ClientSummary, LatencySummary, LoadSpec, ServerSummary, StepResult
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from planner.exporter import PlannerMetrics
 from planner.progress import StepProgress
-from planner.sweep.relay import RelayObserver, dispatch
+from planner.sweep.relay import ObserverCall, RelayObserver, ResultSnapshot, dispatch
 from planner.sweep.results import PointResult
 from replay.results import LoadSpec
 from tests.fakes.results import finished_step, record, value
@@ -53,9 +53,11 @@ def test_only_the_newest_result_snapshot_travels() -> None:
     relay.request_sent()
     result.status = "ok"
     relay.result(result)
-    got: list[dict] = []
+    got: list[PointResult] = []
     events = relay.take()
     dispatch("p", events, [], on_result=got.append)
-    assert [e[0] for e in events] == ["request_sent", "result"]
-    assert [g["status"] for g in got] == ["ok"]
+    assert [type(e) for e in events] == [ObserverCall, ResultSnapshot]
+    # A snapshot is a copy: the node's result changing later does not change what was relayed.
+    result.status = "failed"
+    assert [g.status for g in got] == ["ok"]
     assert relay.take() == []

@@ -1,0 +1,181 @@
+"""The runner of steps against one server: the planned loads, then the search, each step as the
+search stage asks for it. `planner replay` (replay.run.entry) and the sweep's points drive it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from replay.client.streaming import StreamingClient
+from replay.corpus.jsonl import Corpus
+from replay.errors import StepAborted
+from replay.load.conversation import SessionCursor, ThinkTime, mean_think_per_request_s, turn_request
+from replay.load.drivers import RequestCursor
+from replay.load.kinds import Concurrency, Load, PoissonRate, TraceReplay
+from replay.results import StepResult
+from replay.run.settings import ReplaySettings
+from replay.search.eta import search_eta_s
+from replay.search.policy import bracket, next_probe, unresolved
+from replay.search.saturation import first_probe, saturation_probe
+from replay.search.verdicts import concurrency_history, probe_of
+from replay.server.metrics import MetricsScraper
+from replay.step.observer import ReplayObserver
+from replay.step.run import run_step
+from replay.step.window import Window
+
+
+class StepMonitor(Protocol):
+    """Runs around each step (the sweep samples GPU memory with one); `peak_mib` is copied into
+    the step's gpu_memory_peak_mib."""
+
+    peak_mib: dict[str, float]
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+def planned_loads(settings: ReplaySettings) -> list[Load]:
+    loads: list[Load] = [Concurrency(n) for n in settings.concurrency]
+    loads += [PoissonRate(r, settings.seed + i) for i, r in enumerate(settings.rate)]
+    if settings.trace:
+        loads.append(TraceReplay(settings.trace_speed))
+    return loads
+
+
+class Replay:
+    """Runs steps against one server with one client and one corpus cursor.
+
+    The sweep drives it too: `search()` with the capacity bound as `upper`.
+    """
+
+    def __init__(
+        self,
+        client: StreamingClient,
+        corpus: Corpus,
+        settings: ReplaySettings,
+        slo: dict[str, float],
+        *,
+        observer: ReplayObserver | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+        step_monitor: Callable[[], StepMonitor] | None = None,
+    ) -> None:
+        self.client = client
+        self.corpus = corpus
+        self.settings = settings
+        self.slo = slo
+        self.observer = observer
+        self.on_step = on_step
+        self.step_monitor = step_monitor
+        # A session corpus is replayed session by session: the load counts users (replay.load.conversation).
+        self.cursor = SessionCursor(corpus.sessions) if corpus.sessions is not None else RequestCursor(corpus.requests)
+        self.think = ThinkTime(settings.think_time_s, settings.think_time_distribution, settings.seed)
+        self.think_per_request_s = (
+            mean_think_per_request_s(corpus.sessions, self.think) if corpus.sessions is not None else 0.0
+        )
+        self.steps: list[StepResult] = []
+        # Set when the server is known to be gone: the step running stops sending, its partial
+        # result is dropped, and StepAborted is raised.
+        self.abort = asyncio.Event()
+
+    async def step(self, load: Load, window: Window | None = None) -> StepResult:
+        scraper = MetricsScraper(
+            self.client.metrics_text, interval_s=self.settings.metrics_interval_s, model=self.client.model
+        )
+        monitor = self.step_monitor() if self.step_monitor is not None else contextlib.nullcontext()
+        async with monitor:
+            result = await run_step(
+                self.client,
+                self.cursor,
+                load,
+                replace(window or self.settings.window(self.slo), think_per_request_s=self.think_per_request_s),
+                requests=self.corpus.requests,
+                sessions=self.corpus.sessions,
+                think=self.think,
+                scraper=scraper,
+                observer=self.observer,
+                slo=self.slo,
+                abort=self.abort,
+                ttft_excess=(self.settings.client_ttft_excess_ms, self.settings.client_ttft_excess_fraction),
+            )
+        if self.abort.is_set():
+            raise StepAborted(f"the step at {load.label()} was aborted: the server went away")
+        peak = getattr(monitor, "peak_mib", None)
+        if peak:
+            result.gpu_memory_peak_mib = dict(peak)
+        self.steps.append(result)
+        if self.on_step is not None:
+            self.on_step(result)
+        return result
+
+    async def run_planned(self) -> None:
+        for load in planned_loads(self.settings):
+            await self.step(load)
+
+    async def search(self, *, start: int, upper: int | None) -> SearchOutcome:
+        """The search from `start` (a capacity bound, or the saturation probe's count), capped by
+        `upper`, within [replay] point_budget_s."""
+        settings = self.settings
+        began = time.perf_counter()
+        budget = settings.point_budget_s
+        history = concurrency_history(self.steps, self.slo)
+        outcome = SearchOutcome()
+        while (
+            n := next_probe(
+                history, start=start, upper=upper, rel_precision=settings.precision, confirm=settings.confirm_knee
+            )
+        ) is not None:
+            window = self.settings.window(self.slo)
+            left = None if budget is None else budget - (time.perf_counter() - began)
+            if left is not None and left <= 0:
+                outcome.budget_exhausted = True
+                break
+            # An unresolved concurrency measured again gets twice the time each time.
+            misses = sum(1 for p in history if p.concurrency == n and not p.informative)
+            if misses:
+                earlier = [s.window_limit_s for s in self.steps if s.load.mode == "concurrency" and int(s.load.value) == n]
+                longest = max((w for w in earlier if w), default=window.max_window_s)
+                if longest is not None:
+                    window = replace(window, max_window_s=longest * 2**misses)
+            if left is not None:
+                window = replace(window, time_budget_s=left)
+            if self.observer is not None:
+                eta = search_eta_s(
+                    self.steps, history, n,
+                    min_requests=window.min_requests, rel_precision=settings.precision, confirm=settings.confirm_knee,
+                )
+                self.observer.probe_planned(n, eta)
+            result = await self.step(Concurrency(n), window)
+            history.append(probe_of(result, self.slo))
+        b = bracket(history)
+        outcome.max_passing, outcome.min_failing = b.max_passing, b.min_failing
+        outcome.unresolved = [c for c in unresolved(history) if b.min_failing is None or c < b.min_failing]
+        return outcome
+
+
+@dataclass
+class SearchOutcome:
+    max_passing: int | None = None
+    min_failing: int | None = None
+    # Concurrencies that only ever ran out of time (below the lowest failure).
+    unresolved: list[int] = field(default_factory=list)
+    budget_exhausted: bool = False
+
+
+async def search_start(replay: Replay, settings: ReplaySettings) -> tuple[int, str]:
+    """The first probe of `planner replay --find-max`, and why: start_concurrency when given,
+    else max_concurrency, else the saturation probe's count."""
+    if settings.start_concurrency is not None:
+        return settings.start_concurrency, "start_concurrency"
+    if settings.max_concurrency is not None:
+        return settings.max_concurrency, "max_concurrency"
+    cursor = replay.cursor
+    if replay.corpus.sessions is not None:
+        # A session corpus probes with first turns: a burst of sessions' opening requests.
+        cursor = RequestCursor([turn_request(s.turns[0], []) for s in replay.corpus.sessions])
+    probe = await saturation_probe(replay.client, cursor, settings.saturation_requests)
+    return first_probe(probe, replay.slo)

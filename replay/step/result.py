@@ -1,0 +1,160 @@
+"""A step's result as one pure function: what its sending and its window left behind (the
+records), what vLLM's /metrics said over it (the snapshots), and the SLOs, in; a `StepResult`
+out. No server, no clock: unit tests build the inputs by hand (tests/unit/test_step_result.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from replay.load.kinds import Load
+from replay.records import RequestRecord
+from replay.results import ServerSummary, SessionSummary, StepResult, updated
+from replay.server.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
+from replay.server.metrics import MetricsScraper, Sample
+from replay.server.metrics import summarize as summarize_server
+from replay.slo import rules as slo_mod
+from replay.step.figures import build_result, client_summary, latency_samples, steady_records
+
+
+@dataclass(frozen=True)
+class StepRecords:
+    """What a step's sending and its window left behind (times on the client's clock)."""
+
+    load: Load
+    started_at: str
+    # Requests of the warm-up; when the window opened and closed, and why it closed.
+    warmup: int
+    open_s: float
+    close_s: float
+    closed_by: str | None
+    # The window's time limit, and the warm-up's mean request duration it was sized from.
+    limit_s: float | None
+    request_duration_s: float | None
+    # Requests sent inside the window that finished in it; every request that finished in it;
+    # those that finished after it closed.
+    measured: Sequence[RequestRecord]
+    finished_inside: Sequence[RequestRecord]
+    drained: int
+    # When every request of the step finished (warm-up and drain included).
+    finish_times: Sequence[float]
+    # How late open-loop sends left, and how late the event loop woke, in seconds.
+    send_lags: Sequence[float]
+    loop_lags: Sequence[float]
+
+
+@dataclass(frozen=True)
+class MetricSnapshots:
+    """What vLLM's /metrics said over a step: the gauge and counter samples, why figures are
+    missing (None: none are), the histograms' figures over the window, when the histograms were
+    snapshotted at the window's edges (None: not both were), and how far outside the window a
+    sample may lie and still speak for its edge (MetricsScraper.edge_gap_s; None: any)."""
+
+    samples: Sequence[Sample]
+    note: str | None
+    histograms: dict[str, object]
+    window: tuple[float, float] | None
+    edge_gap_s: float | None = None
+
+    @classmethod
+    def of(cls, scraper: MetricsScraper) -> MetricSnapshots:
+        snaps = scraper.snapshots
+        window = (snaps["start"].t_s, snaps["end"].t_s) if "start" in snaps and "end" in snaps else None
+        return cls(list(scraper.samples), scraper.note, scraper.window_histograms(), window, scraper.edge_gap_s)
+
+
+class SessionFigures(Protocol):
+    """A session corpus's record of the step (replay.load.conversation.SessionRunner)."""
+
+    def summary(
+        self, measured: Sequence[RequestRecord], finished_inside: Sequence[RequestRecord], t0: float, t1: float
+    ) -> SessionSummary: ...
+
+
+def server_summary(metrics: MetricSnapshots | None, open_s: float, close_s: float) -> ServerSummary:
+    """vLLM's figures over the window: gauges and counters, then its histograms."""
+    server = (
+        summarize_server(metrics.samples, open_s, close_s, metrics.note, max_edge_gap_s=metrics.edge_gap_s)
+        if metrics is not None
+        else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
+    )
+    if metrics is not None:
+        server = updated(server, **metrics.histograms)
+    return server
+
+
+def client_finished(records: StepRecords, metrics: MetricSnapshots | None) -> int:
+    """The client's finished requests between the server's two snapshots (what the server's
+    histograms count), else inside the window."""
+    if metrics is not None and metrics.window is not None:
+        t0, t1 = metrics.window
+        return sum(1 for t in records.finish_times if t0 < t <= t1)
+    return len(records.finished_inside)
+
+
+def slo_fields(result: StepResult, records: StepRecords, slo: dict[str, float], max_requests: int | None) -> dict:
+    """The step's verdicts: each rule's, and the step's. A window that ran out of time before its
+    bounds were finite, with nothing shown broken, is unresolved rather than failed."""
+    spec = records.load.spec()
+    rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(list(records.measured), spec))
+    verdict = slo_mod.step_verdict(rule_verdicts)
+    if records.closed_by in ("time", "budget") and verdict != "pass":
+        if slo_mod.only_short_of_time(result, slo, rule_verdicts, max_requests):
+            verdict = "unresolved"
+    return dict(
+        slo_pass=verdict == "pass",
+        # Every SLO that kept the step from passing: broken, or not shown to hold.
+        slo_violations=[k for k, v in rule_verdicts.items() if v != "pass"],
+        slo_unverified=unverified,
+        slo_verdict=verdict,
+        slo_verdicts=rule_verdicts,
+        slo_views={key: slo_mod.view(key) for key in slo},
+    )
+
+
+def step_result(
+    records: StepRecords,
+    metrics: MetricSnapshots | None,
+    slo: dict[str, float] | None,
+    *,
+    max_requests: int | None = None,
+    sessions: SessionFigures | None = None,
+    ttft_excess: tuple[float, float] = (TTFT_EXCESS_MS, TTFT_EXCESS_FRACTION),
+) -> StepResult:
+    """The step's result: its figures (replay.step.figures), vLLM's over the same window, the
+    client checked against them (replay.server.crosscheck), the sessions' figures, and the SLO
+    verdicts. `max_requests` is the window's (an unresolved verdict needs it)."""
+    spec = records.load.spec()
+    result = build_result(
+        spec=spec,
+        started_at=records.started_at,
+        warmup=records.warmup,
+        window_s=records.close_s - records.open_s,
+        measured=list(records.measured),
+        finished_inside=list(records.finished_inside),
+        drained=records.drained,
+        server=server_summary(metrics, records.open_s, records.close_s),
+        client=client_summary(records.load, list(records.send_lags), list(records.loop_lags)),
+        window_open_s=records.open_s,
+        slo=slo,
+    )
+    excess_ms, excess_fraction = ttft_excess
+    result = updated(
+        result,
+        client=cross_check(
+            result, client_finished(records, metrics), excess_ms=excess_ms, excess_fraction=excess_fraction
+        ),
+        window_closed_by=records.closed_by,
+        window_limit_s=None if records.limit_s is None else round(records.limit_s, 3),
+        request_duration_s=None if records.request_duration_s is None else round(records.request_duration_s, 4),
+    )
+    if sessions is not None:
+        measured = steady_records(list(records.measured), spec)[0]
+        result = updated(
+            result, sessions=sessions.summary(measured, records.finished_inside, records.open_s, records.close_s)
+        )
+    if slo is not None:
+        result = updated(result, **slo_fields(result, records, slo, max_requests))
+    return result

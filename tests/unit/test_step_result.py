@@ -1,0 +1,89 @@
+"""replay.step.result.step_result: a step's result from records, metric snapshots and SLOs made up
+by hand, with no server, no client and no clock."""
+
+from __future__ import annotations
+
+from replay.load.kinds import Concurrency, PoissonRate
+from replay.records import RequestRecord
+from replay.server.metrics import Sample
+from replay.step.result import MetricSnapshots, StepRecords, client_finished, step_result
+
+
+def rec(i: int, send_s: float, *, ttft_s: float = 0.05, gap_s: float = 0.02, tokens: int = 5, error: str | None = None) -> RequestRecord:
+    first = send_s + ttft_s
+    times = [first + k * gap_s for k in range(tokens)]
+    return RequestRecord(
+        request_id=f"r{i}", send_s=send_s, end_s=times[-1], first_token_s=None if error else first,
+        token_times_s=[] if error else times, prompt_tokens=10, completion_tokens=0 if error else tokens,
+        error=error,
+    )
+
+
+def records(measured: list[RequestRecord], *, closed_by: str = "requests", load=None, **over) -> StepRecords:
+    fields = dict(
+        load=load or Concurrency(4), started_at="2026-01-01T00:00:00+00:00", warmup=4, open_s=10.0, close_s=20.0,
+        closed_by=closed_by, limit_s=60.0, request_duration_s=0.13, measured=measured, finished_inside=measured,
+        drained=2, finish_times=[r.end_s for r in measured], send_lags=[], loop_lags=[0.001] * 10,
+    )
+    return StepRecords(**(fields | over))
+
+
+def steady(n: int, **kw) -> list[RequestRecord]:
+    return [rec(i, 10.0 + i * 0.05, **kw) for i in range(n)]
+
+
+def test_figures_and_window_facts_without_metrics():
+    result = step_result(records(steady(100)), None, None)
+    assert result.requests_ok == 100 and result.requests_failed == 0 and result.requests_drained == 2
+    assert result.window_s == 10.0 and result.window_closed_by == "requests"
+    assert result.window_limit_s == 60.0 and result.request_duration_s == 0.13
+    assert abs(result.ttft_ms.p50 - 50.0) < 1e-6 and abs(result.tpot_ms.p50 - 20.0) < 1e-6
+    # No scraper: the server's side says why it is empty; no SLOs: no verdict.
+    assert not result.server.metrics_available and result.server.metrics_note == "metrics scraping was off"
+    assert result.slo_verdict is None and result.slo_verdicts == {}
+
+
+def test_verdicts_pass_and_fail_on_the_bound():
+    measured = steady(400)
+    passed = step_result(records(measured), None, {"tpot_p50_ms": 30, "error_rate": 0})
+    assert passed.slo_verdict == "pass" and passed.slo_pass and passed.slo_violations == []
+    assert passed.slo_views == {"tpot_p50_ms": "client", "error_rate": "client"}
+    failed = step_result(records(measured), None, {"tpot_p50_ms": 10})
+    assert failed.slo_verdict == "fail" and not failed.slo_pass and failed.slo_violations == ["tpot_p50_ms"]
+
+
+def test_a_window_short_of_time_is_unresolved_not_failed():
+    # Ten requests cannot show a p99 holds; nothing is shown broken either: out of time, unresolved.
+    slo = {"ttft_p99_ms": 100}
+    timed_out = step_result(records(steady(10), closed_by="time"), None, slo, max_requests=400)
+    assert timed_out.slo_verdict == "unresolved" and not timed_out.slo_pass
+    # The same sample closed on its request count is a plain failure to show the bound holds.
+    closed = step_result(records(steady(10), closed_by="requests"), None, slo, max_requests=400)
+    assert closed.slo_verdict != "unresolved" and not closed.slo_pass
+
+
+def test_server_figures_come_from_the_snapshots_inside_the_window():
+    samples = [
+        Sample(t_s=9.0, kv_cache_usage=0.1, running=1, waiting=0, preemptions=3),
+        Sample(t_s=12.0, kv_cache_usage=0.5, running=4, waiting=2, preemptions=3),
+        Sample(t_s=19.0, kv_cache_usage=0.7, running=4, waiting=1, preemptions=5),
+    ]
+    metrics = MetricSnapshots(samples=samples, note=None, histograms={}, window=None)
+    result = step_result(records(steady(100)), metrics, {"max_preemptions": 0})
+    assert result.server.metrics_available
+    assert result.server.kv_cache_usage_peak == 0.7 and result.server.waiting_peak == 2
+    assert result.server.preemptions == 2
+    assert result.slo_verdicts["max_preemptions"] == "fail" and result.slo_views["max_preemptions"] == "server"
+
+
+def test_the_client_counts_finished_requests_between_the_server_snapshots():
+    measured = steady(100)
+    recs = records(measured)
+    inside = MetricSnapshots(samples=[], note=None, histograms={}, window=(10.0, 11.0))
+    assert client_finished(recs, inside) == sum(1 for r in measured if 10.0 < r.end_s <= 11.0)
+    assert client_finished(recs, None) == 100
+
+
+def test_an_open_loop_reports_its_send_lag():
+    result = step_result(records(steady(100), load=PoissonRate(5.0, 0), send_lags=[0.2] * 100), None, None)
+    assert result.client.send_lag_p99_ms == 200.0 and result.client.client_limited
