@@ -9,6 +9,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from replay import binding as binding_mod
 from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
 
@@ -122,7 +123,7 @@ class StepProgress:
         elif step.slo_verdict == "unresolved":
             verdict = "UNRESOLVED (ran out of time)"
         else:
-            verdict = "FAIL " + ",".join(step.slo_violations)
+            verdict = "FAIL " + binding_mod.violations_text(step)
         p99 = step.ttft_ms.p99
         self._progress.update(
             self._task,

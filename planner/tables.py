@@ -7,6 +7,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from replay import binding as binding_mod
 from replay.results import ReplayResults, StepResult
 
 
@@ -60,7 +61,7 @@ def steps_table(steps: list[StepResult], title: str | None = None) -> Table:
             "-" if kv is None else f"{kv:.0%}",
             fmt(s.server.preemptions),
             fmt(s.server.waiting_peak),
-            "pass" if s.slo_pass else f"{_VERDICT_WORDS.get(s.slo_verdict or 'fail', 'FAIL')}: " + ", ".join(s.slo_violations),
+            "pass" if s.slo_pass else f"{_VERDICT_WORDS.get(s.slo_verdict or 'fail', 'FAIL')}: " + binding_mod.violations_text(s),
         )
     return table
 
@@ -94,7 +95,7 @@ def replay_summary(results: ReplayResults) -> list[str]:
         lines.append(
             f"highest passing concurrency: {answer}"
             f"  (lowest failing: {results.min_failing_concurrency if results.min_failing_concurrency is not None else 'none'};"
-            f" bound by: {results.binding_constraint or '-'})"
+            f" bound by: {binding_mod.describe(results.binding_constraint, results.binding_undecided)})"
         )
         if results.search_start is not None:
             lines.append(f"search started at {results.search_start} ({results.search_start_reason})")
@@ -139,7 +140,7 @@ def sweep_table(results) -> Table:
             fmt(p.safe_concurrency),
             fmt(p.safe_concurrency_per_gpu, 2),
             fmt(p.output_tokens_per_s_per_gpu, 0),
-            p.binding_constraint or "-",
+            binding_mod.describe(p.binding_constraint, p.binding_undecided),
         )
     return table
 

@@ -157,6 +157,17 @@ class SessionSummary(_Model):
     resent_tokens: int | None = None
 
 
+class SloExceedance(_Model):
+    """The order-statistic test that passed a percentile rule (replay.binding): `exceeded` of the
+    `n` measured requests were above the bound, and the test allows at most `allowed` (it counts
+    on `effective_n` independent requests, n shrunk by their correlation)."""
+
+    exceeded: int
+    n: int
+    allowed: int
+    effective_n: int | None = None
+
+
 class StepResult(_Model):
     load: LoadSpec
     started_at: str
@@ -190,6 +201,9 @@ class StepResult(_Model):
     # inconclusive: otherwise). slo_pass is true only for "pass"; absent in older files.
     slo_verdict: Verdict | None = None
     slo_verdicts: dict[str, Verdict] = Field(default_factory=dict)
+    # Each client-side percentile rule that passed: the exceedance test that passed it (shown
+    # beside an interval that is open above). Absent in older files.
+    slo_exceedance: dict[str, SloExceedance] = Field(default_factory=dict)
     requests_per_s_ci95: list[float | None] | None = None
     output_tokens_per_s_ci95: list[float | None] | None = None
     # Measured requests that met every per-request latency bound (see replay.slo.per_request_bounds).
@@ -239,6 +253,9 @@ class ReplayResults(_Model):
     max_passing_concurrency: int | None = None
     min_failing_concurrency: int | None = None
     binding_constraint: str | None = None
+    # Rules undecided at the lowest failing step, apart from the binding constraint (they did not
+    # bind): "tpot_p90_ms: undecided after 13 requests".
+    binding_undecided: list[str] = Field(default_factory=list)
     # The search re-measured max_passing_concurrency on fresh prompts and it passed again.
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.

@@ -16,6 +16,7 @@ from replay.conversation import SessionCursor, ThinkTime, mean_think_per_request
 from replay.corpus import Corpus
 from replay.eta import search_eta_s
 from replay.errors import ReplayError, StepAborted
+from replay import binding as binding_mod
 from replay import slo as slo_mod
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay
 from replay.observer import ReplayObserver
@@ -52,12 +53,9 @@ def planned_loads(settings: ReplaySettings) -> list[Load]:
 
 
 def binding_constraint(steps: list[StepResult], min_failing: int | None, reached_cap: str | None) -> str | None:
-    """What stopped the search: the SLOs the lowest failing step broke, or the cap it hit."""
-    if min_failing is not None:
-        for step in steps:
-            if step.load.mode == "concurrency" and int(step.load.value) == min_failing and not step.slo_pass:
-                return ",".join(step.slo_violations) or None
-    return reached_cap
+    """What stopped the search: the SLOs the lowest failing step broke conclusively, or the cap it
+    hit (replay.binding; the rules undecided there are `binding.binding(...).undecided`)."""
+    return binding_mod.binding(steps, min_failing, reached_cap).constraint
 
 
 def probe_of(step: StepResult, slo: dict[str, float] | None = None) -> Probe:
@@ -330,7 +328,8 @@ async def run_replay(
                 results.unresolved_concurrency = outcome.unresolved
                 results.budget_exhausted = outcome.budget_exhausted
                 cap = "max_concurrency" if hi is None and settings.max_concurrency else None
-                results.binding_constraint = binding_constraint(replay.steps, hi, cap)
+                bound_by = binding_mod.binding(replay.steps, hi, cap)
+                results.binding_constraint, results.binding_undecided = bound_by.constraint, bound_by.undecided
                 results.confirmed, results.knee_interval = knee(replay.steps)
         except (asyncio.CancelledError, KeyboardInterrupt):
             results.interrupted = True

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+from replay.binding import exceedance_tests
 from replay.conversation import SessionRunner, ThinkTime
 from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
@@ -458,7 +459,8 @@ async def run_step(
             result, sessions=runner.summary(measured, state.finished_inside, state.open_s, state.close_s)
         )
     if slo is not None:
-        rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(state.measured, spec))
+        samples = latency_samples(state.measured, spec)
+        rule_verdicts, unverified = slo_mod.verdicts(result, slo, samples)
         verdict = slo_mod.step_verdict(rule_verdicts)
         if state.closed_by in ("time", "budget") and verdict != "pass":
             if slo_mod.only_short_of_time(result, slo, rule_verdicts, window.max_requests):
@@ -471,6 +473,7 @@ async def run_step(
             slo_unverified=unverified,
             slo_verdict=verdict,
             slo_verdicts=rule_verdicts,
+            slo_exceedance=exceedance_tests(samples, slo, rule_verdicts),
             slo_views={key: slo_mod.view(key) for key in slo},
         )
     obs.step_finished(result)

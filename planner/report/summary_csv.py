@@ -27,6 +27,7 @@ SERVER_COLUMNS = (
 POINT_COLUMNS = (
     "point_id", "status", "failure_kind", "gpus", "kv_cache_tokens", "max_passing_concurrency",
     "safe_concurrency", "safe_concurrency_per_gpu", "confirmed", "knee_pass", "knee_fail",
+    "binding_constraint", "binding_undecided",
 )
 
 
@@ -107,6 +108,8 @@ def _point_fields(p: PointView) -> dict[str, Any]:
         "confirmed": p.confirmed,
         "knee_pass": p.knee_interval[0] if p.knee_interval else None,
         "knee_fail": p.knee_interval[1] if p.knee_interval else None,
+        "binding_constraint": p.binding_constraint,
+        "binding_undecided": ";".join(p.binding_undecided) or None,
     }
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
 from planner.sweep.results import NodeRank, PointResult, SweepResults
+from replay import binding as binding_mod
 from replay.results import ReplayResults, StepResult
 from replay.search import bracket
 from replay.session import concurrency_history
@@ -40,6 +41,8 @@ class PointView:
     min_failing: int | None
     safe: int | None
     binding_constraint: str | None
+    # Rules undecided at the lowest failing step (replay.binding): listed apart, they did not bind.
+    binding_undecided: tuple[str, ...] = ()
     output_tokens_per_s_per_gpu: float | None = None
     capacity: Capacity = field(default_factory=Capacity)
     failure: Failure | None = None
@@ -73,6 +76,10 @@ class PointView:
         if self.safe is None or not self.max_passing:
             return None
         return 1.0 - self.safe / self.max_passing
+
+    def bound_by(self, none: str = "-") -> str:
+        """The binding constraint, with the rules undecided there listed apart."""
+        return binding_mod.describe(self.binding_constraint, self.binding_undecided, none=none)
 
     def config_text(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.config.items()) or "(as launched)"
@@ -130,6 +137,7 @@ def _point(p: PointResult) -> PointView:
         min_failing=p.min_failing_concurrency,
         safe=p.safe_concurrency,
         binding_constraint=p.binding_constraint,
+        binding_undecided=tuple(p.binding_undecided),
         output_tokens_per_s_per_gpu=p.output_tokens_per_s_per_gpu,
         capacity=p.capacity,
         failure=p.failure,
@@ -166,10 +174,11 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
         # A fixed list of loads (no --find-max) still brackets the answer.
         b = bracket(concurrency_history(concurrency_steps))
         max_passing, min_failing = b.max_passing, b.min_failing
-    binding = replay.binding_constraint
-    if binding is None and min_failing is not None:
-        failing = [s for s in concurrency_steps if int(s.load.value) == min_failing and s.slo_violations]
-        binding = failing[0].slo_violations[0] if failing else None
+    binding, undecided = replay.binding_constraint, list(replay.binding_undecided)
+    if binding is None and not undecided and min_failing is not None:
+        # A fixed list of loads: bound by what its lowest failing step broke conclusively.
+        bound_by = binding_mod.binding(concurrency_steps, min_failing, None)
+        binding, undecided = bound_by.constraint, bound_by.undecided
     point = PointView(
         id="replay",
         config={},
@@ -180,6 +189,7 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
         min_failing=min_failing,
         safe=max_passing,
         binding_constraint=binding,
+        binding_undecided=tuple(undecided),
         confirmed=replay.confirmed,
         knee_interval=tuple(replay.knee_interval) if replay.knee_interval else None,
     )

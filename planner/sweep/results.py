@@ -108,6 +108,9 @@ class PointResult(_Model):
     safe_concurrency_per_gpu: float | None = None
     output_tokens_per_s_per_gpu: float | None = None
     binding_constraint: str | None = None
+    # Rules undecided at the lowest failing step, apart from the binding constraint (they did not
+    # bind): "tpot_p90_ms: undecided after 13 requests" (replay.binding).
+    binding_undecided: list[str] = Field(default_factory=list)
     # max_passing_concurrency passed again on fresh prompts; the knee lies in knee_interval
     # [highest conclusive pass, lowest conclusive fail]. Absent in older files.
     confirmed: bool | None = None
