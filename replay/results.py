@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from replay.atomic import atomic_text
+from replay.environment import StepEnvironment
 from replay.identity import Identity
 
 # 2: `identity`, what the run measured (replay.identity); version 1 files load without it.
@@ -221,6 +222,11 @@ class StepResult(_Model):
     request_duration_s: float | None = None
     # Filled in by planner sweep: peak used memory per GPU during the step.
     gpu_memory_peak_mib: dict[str, float] | None = None
+    # What else the machine did during the window (replay.environment), and what disturbed the
+    # step: one phrase per cause; a disturbed step carries no information (the search measures
+    # it again). Absent in older files and where nothing was watched.
+    environment: StepEnvironment | None = None
+    disturbed: list[str] = Field(default_factory=list)
     # Session corpora only: the load's value counts sessions (users); this says how they mapped
     # to requests in flight, and the per-turn figures. Absent for plain corpora and older files.
     sessions: SessionSummary | None = None
@@ -262,6 +268,10 @@ class ReplayResults(_Model):
     knee_interval: list[int | None] | None = None
     # Concurrencies whose every step ran out of time before it could resolve (never failures).
     unresolved_concurrency: list[int] = Field(default_factory=list)
+    # Concurrencies whose every step was disturbed (replay.environment), measured again up to
+    # [replay] disturbed_retries times; and whether interference was allowed (never flagged).
+    disturbed_concurrency: list[int] = Field(default_factory=list)
+    interference_allowed: bool = False
     # Where the search began and why (the saturation probe's count, max_concurrency, start_concurrency).
     search_start: int | None = None
     search_start_reason: str | None = None

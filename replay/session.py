@@ -14,6 +14,7 @@ from typing import Protocol
 from replay.client import METRICS_CONNECTIONS, StreamingClient
 from replay.conversation import SessionCursor, ThinkTime, mean_think_per_request_s, turn_request
 from replay.corpus import Corpus
+from replay.environment import CpuProbe, EnvironmentWatch, WindowProbe
 from replay.eta import search_eta_s
 from replay.errors import ReplayError, StepAborted
 from replay import binding as binding_mod
@@ -23,7 +24,7 @@ from replay.observer import ReplayObserver
 from replay.identity import Identity, model_config_facts, model_fingerprint
 from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
 from replay.saturation import first_probe, saturation_probe
-from replay.search import Probe, bracket, is_confirmed, knee_interval, next_probe, unresolved
+from replay.search import Probe, bracket, disturbed, is_confirmed, knee_interval, next_probe, unresolved
 from replay.server_metrics import MetricsScraper
 from replay.settings import ReplaySettings
 from replay.step import RequestCursor, Window, run_step
@@ -63,6 +64,9 @@ def probe_of(step: StepResult, slo: dict[str, float] | None = None) -> Probe:
     steps without a verdict, from older files, count by slo_pass) and, with the SLOs, each rule's
     measured / bound."""
     verdict = step.slo_verdict or ("pass" if step.slo_pass else "fail")
+    if step.disturbed:
+        # Something else ran during the window: no information, like an unresolved step.
+        verdict = "disturbed"
     return Probe(int(step.load.value), verdict, slo_mod.ratios(step, slo) if slo else {})
 
 
@@ -77,11 +81,7 @@ def knee(steps: list[StepResult]) -> tuple[bool, list[int | None]]:
     count by slo_pass."""
     history = concurrency_history(steps)
     lo = bracket(history).max_passing
-    verdicts = [
-        (int(s.load.value), s.slo_verdict or ("pass" if s.slo_pass else "fail"))
-        for s in steps
-        if s.load.mode == "concurrency"
-    ]
+    verdicts = [(p.concurrency, p.verdict) for p in history]
     return (lo is not None and is_confirmed(history, lo)), knee_interval(verdicts)
 
 
@@ -101,6 +101,7 @@ class Replay:
         observer: ReplayObserver | None = None,
         on_step: Callable[[StepResult], None] | None = None,
         step_monitor: Callable[[], StepMonitor] | None = None,
+        probes: Callable[[], list[WindowProbe]] | None = None,
     ) -> None:
         self.client = client
         self.corpus = corpus
@@ -109,6 +110,10 @@ class Replay:
         self.observer = observer
         self.on_step = on_step
         self.step_monitor = step_monitor
+        # What each step's window watches (replay.environment): the caller's probes (the server's
+        # processes and CPUs), else the CPUs with the server unknown; plus the step monitor when
+        # it is a probe too (the sweep's GPU sampler).
+        self.probes = probes or (lambda: [CpuProbe()])
         # A session corpus is replayed session by session: the load counts users (replay.conversation).
         self.cursor = SessionCursor(corpus.sessions) if corpus.sessions is not None else RequestCursor(corpus.requests)
         self.think = ThinkTime(settings.think_time_s, settings.think_time_distribution, settings.seed)
@@ -125,6 +130,10 @@ class Replay:
             self.client.metrics_text, interval_s=self.settings.metrics_interval_s, model=self.client.model
         )
         monitor = self.step_monitor() if self.step_monitor is not None else contextlib.nullcontext()
+        probes = self.probes()
+        if isinstance(monitor, WindowProbe):
+            probes.append(monitor)
+        watch = EnvironmentWatch(probes, self.settings.interference())
         async with monitor:
             result = await run_step(
                 self.client,
@@ -139,6 +148,7 @@ class Replay:
                 slo=self.slo,
                 abort=self.abort,
                 ttft_excess=(self.settings.client_ttft_excess_ms, self.settings.client_ttft_excess_fraction),
+                watch=watch,
             )
         if self.abort.is_set():
             raise StepAborted(f"the step at {load.label()} was aborted: the server went away")
@@ -164,7 +174,8 @@ class Replay:
         outcome = SearchOutcome()
         while (
             n := next_probe(
-                history, start=start, upper=upper, rel_precision=settings.precision, confirm=settings.confirm_knee
+                history, start=start, upper=upper, rel_precision=settings.precision, confirm=settings.confirm_knee,
+                disturbed_retries=settings.disturbed_retries,
             )
         ) is not None:
             window = self.settings.window(self.slo)
@@ -173,7 +184,7 @@ class Replay:
                 outcome.budget_exhausted = True
                 break
             # An unresolved concurrency measured again gets twice the time each time.
-            misses = sum(1 for p in history if p.concurrency == n and not p.informative)
+            misses = sum(1 for p in history if p.concurrency == n and p.verdict == "unresolved")
             if misses:
                 earlier = [s.window_limit_s for s in self.steps if s.load.mode == "concurrency" and int(s.load.value) == n]
                 longest = max((w for w in earlier if w), default=window.max_window_s)
@@ -192,6 +203,7 @@ class Replay:
         b = bracket(history)
         outcome.max_passing, outcome.min_failing = b.max_passing, b.min_failing
         outcome.unresolved = [c for c in unresolved(history) if b.min_failing is None or c < b.min_failing]
+        outcome.disturbed = disturbed(history)
         return outcome
 
 
@@ -201,6 +213,8 @@ class SearchOutcome:
     min_failing: int | None = None
     # Concurrencies that only ever ran out of time (below the lowest failure).
     unresolved: list[int] = field(default_factory=list)
+    # Concurrencies whose every step was disturbed (replay.environment).
+    disturbed: list[int] = field(default_factory=list)
     budget_exhausted: bool = False
 
 
@@ -251,11 +265,14 @@ async def run_replay(
     output_dir: Path | None = None,
     observer: ReplayObserver | None = None,
     identity: Identity | None = None,
+    probes: Callable[[], list[WindowProbe]] | None = None,
 ) -> ReplayResults:
     """`planner replay`: the planned loads, then the search when `settings.find_max`.
 
     `identity` is what the caller knows of the server (the model's files, the hardware); the
-    server's version, the served model, the corpus and the SLOs are filled in here."""
+    server's version, the served model, the corpus and the SLOs are filled in here. `probes`
+    makes what each step's window watches (replay.environment; default: the CPUs, with the
+    server's processes unknown)."""
     loads = planned_loads(settings)
     if not loads and not settings.find_max:
         raise ReplayError("nothing to run: give --concurrency, --rate, --trace or --find-max")
@@ -305,6 +322,7 @@ async def run_replay(
                 }
             ),
             find_max=settings.find_max,
+            interference_allowed=settings.allow_interference,
             concurrency_unit="sessions" if corpus.sessions is not None else None,
         )
 
@@ -313,7 +331,7 @@ async def run_replay(
             if output_dir is not None:
                 write_json_atomic(Path(output_dir) / RESULTS_FILE, results.model_dump(mode="json"))
 
-        replay = Replay(client, corpus, settings, slo, observer=observer, on_step=save)
+        replay = Replay(client, corpus, settings, slo, observer=observer, on_step=save, probes=probes)
         save()
         try:
             await replay.run_planned()
@@ -326,6 +344,7 @@ async def run_replay(
                 results.max_passing_concurrency = lo
                 results.min_failing_concurrency = hi
                 results.unresolved_concurrency = outcome.unresolved
+                results.disturbed_concurrency = outcome.disturbed
                 results.budget_exhausted = outcome.budget_exhausted
                 cap = "max_concurrency" if hi is None and settings.max_concurrency else None
                 bound_by = binding_mod.binding(replay.steps, hi, cap)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from replay.environment import Interference
 from replay.step import Window
 
 
@@ -61,6 +62,16 @@ class ReplaySettings(BaseModel):
     point_budget_s: float | None = Field(default=None, gt=0)
     # Measure the highest passing concurrency again on fresh prompts before reporting it.
     confirm_knee: bool = True
+    # Interference (replay.environment): a step is disturbed when other processes used more than
+    # interference_cpu_share of the server's CPUs, a foreign compute process ran on its GPUs
+    # (interference_foreign_gpu), or a GPU was throttled for more than interference_throttle_share
+    # of the window. A disturbed concurrency is measured again up to disturbed_retries times.
+    # allow_interference: record the environment, flag nothing.
+    allow_interference: bool = False
+    interference_cpu_share: float = Field(default=0.10, ge=0, le=1)
+    interference_foreign_gpu: bool = True
+    interference_throttle_share: float = Field(default=0.10, ge=0, le=1)
+    disturbed_retries: int = Field(default=2, ge=0)
     # Merged into every request body (temperature, top_p, ...).
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
@@ -77,6 +88,14 @@ class ReplaySettings(BaseModel):
         if self.min_requests is not None and self.max_requests is not None and self.max_requests < self.min_requests:
             raise ValueError(f"max_requests {self.max_requests} is below min_requests {self.min_requests}")
         return self
+
+    def interference(self) -> Interference:
+        return Interference(
+            cpu_share=self.interference_cpu_share,
+            foreign_gpu_process=self.interference_foreign_gpu,
+            throttle_share=self.interference_throttle_share,
+            allow=self.allow_interference,
+        )
 
     def window(self, slo: Mapping[str, float] | None = None) -> Window:
         from replay import slo as slo_mod

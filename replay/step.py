@@ -42,6 +42,7 @@ from typing import Protocol
 
 from replay.binding import exceedance_tests
 from replay.conversation import SessionRunner, ThinkTime
+from replay.environment import EnvironmentWatch
 from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
 from replay.observer import Observers, ReplayObserver
@@ -274,6 +275,7 @@ async def run_step(
     abort: asyncio.Event | None = None,
     ttft_excess: tuple[float, float] = (TTFT_EXCESS_MS, TTFT_EXCESS_FRACTION),
     clock: Callable[[], float] = time.perf_counter,
+    watch: EnvironmentWatch | None = None,
 ) -> StepResult:
     """Run one step and return its result. `requests` is the corpus (trace replay needs it whole).
 
@@ -282,6 +284,9 @@ async def run_step(
 
     Setting `abort` stops sending at once and closes the window; requests in flight end by
     themselves (they are not cancelled: cancelling a connect midway leaks its socket).
+
+    `watch` (replay.environment) is told when the window opens and closes, and the result keeps
+    what it saw and whether that disturbed the step.
 
     `clock` must be the one the client stamps its records with (perf_counter for the real one; a
     test's virtual clock for a test's sender).
@@ -298,11 +303,15 @@ async def run_step(
     def window_opened() -> None:
         if scraper is not None:
             scraper.mark("start")
+        if watch is not None:
+            watch.window_opened()
 
     def window_closed() -> None:
         stop_sending.set()
         if scraper is not None:
             scraper.mark("end")
+        if watch is not None:
+            watch.window_closed()
 
     state = _Window(
         warmup=window.warmup_for(load),
@@ -476,6 +485,9 @@ async def run_step(
             slo_exceedance=exceedance_tests(samples, slo, rule_verdicts),
             slo_views={key: slo_mod.view(key) for key in slo},
         )
+    if watch is not None:
+        environment, disturbed = watch.judge()
+        result = updated(result, environment=environment, disturbed=disturbed)
     obs.step_finished(result)
     return result
 
