@@ -118,7 +118,10 @@ class StepProgress:
         self._progress.update(self._task, completed=min(len(self._ttft_ms), self._target), **fields)
 
     def step_finished(self, step: StepResult) -> None:
-        if step.slo_pass:
+        if step.disturbed:
+            # Something else ran: the step is measured again; the line says what it was.
+            verdict = "DISTURBED (measured again): " + "; ".join(step.disturbed)
+        elif step.slo_pass:
             verdict = "pass"
         elif step.slo_verdict == "unresolved":
             verdict = "UNRESOLVED (ran out of time)"

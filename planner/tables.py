@@ -7,6 +7,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from planner.report.environment import disturbed_lines
 from replay import binding as binding_mod
 from replay.results import ReplayResults, StepResult
 
@@ -61,7 +62,8 @@ def steps_table(steps: list[StepResult], title: str | None = None) -> Table:
             "-" if kv is None else f"{kv:.0%}",
             fmt(s.server.preemptions),
             fmt(s.server.waiting_peak),
-            "pass" if s.slo_pass else f"{_VERDICT_WORDS.get(s.slo_verdict or 'fail', 'FAIL')}: " + binding_mod.violations_text(s),
+            ("DISTURBED (not used), " if s.disturbed else "")
+            + ("pass" if s.slo_pass else f"{_VERDICT_WORDS.get(s.slo_verdict or 'fail', 'FAIL')}: " + binding_mod.violations_text(s)),
         )
     return table
 
@@ -106,6 +108,7 @@ def replay_summary(results: ReplayResults) -> list[str]:
                 f"knee between {lo if lo is not None else 'none'} (conclusive pass) and {hi if hi is not None else 'none'}"
                 f" (conclusive fail); {'confirmed' if results.confirmed else 'not confirmed'} on fresh prompts"
             )
+    lines.extend(disturbed_lines(results.steps, results.disturbed_concurrency, results.interference_allowed))
     if results.concurrency_unit == "sessions":
         lines.append("concurrency counts sessions (users in flight), not requests")
         lines.extend(session_lines(results.steps))
@@ -161,6 +164,8 @@ def sweep_summary(results) -> list[str]:
         lines += [f"  {pid}: {why}" for pid, why in b.others.items()]
     for p in unresolved:
         lines += [f"  {p.id}: {line}" for line in unresolved_lines(p.unresolved_concurrency, p.budget_exhausted)]
+    for p in results.points:
+        lines += [f"  {p.id}: {line}" for line in disturbed_lines(p.steps, p.disturbed_concurrency, p.interference_allowed)]
     if results.interrupted:
         lines.append("the sweep was interrupted; finished points are kept (rerun with --resume)")
     return lines

@@ -204,6 +204,17 @@ def parse_proc_stat(text: str) -> tuple[int, int] | None:
     return None
 
 
+def parse_cpu_busy(text: str) -> dict[int, int]:
+    """Busy ticks (all but idle and iowait) of each CPU, from /proc/stat's `cpuN` lines."""
+    busy: dict[int, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0].startswith("cpu") and parts[0][3:].isdigit():
+            values = [int(v) for v in parts[1:9]]
+            busy[int(parts[0][3:])] = sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
+    return busy
+
+
 def parse_loadavg(text: str) -> tuple[float, float]:
     parts = text.split()
     return float(parts[0]), float(parts[1])
@@ -214,6 +225,7 @@ class Snapshot:
     t_s: float
     processes: dict[int, ProcStat]
     cpu_ticks: tuple[int, int] | None
+    cpu_busy: dict[int, int] = field(default_factory=dict)
 
 
 def snapshot(proc: Path = PROC) -> Snapshot:
@@ -228,10 +240,11 @@ def snapshot(proc: Path = PROC) -> Snapshot:
             continue
         processes[stat.pid] = stat
     try:
-        cpu_ticks = parse_proc_stat((proc / "stat").read_text())
+        text = (proc / "stat").read_text()
+        cpu_ticks, cpu_busy = parse_proc_stat(text), parse_cpu_busy(text)
     except OSError:
-        cpu_ticks = None
-    return Snapshot(time.perf_counter(), processes, cpu_ticks)
+        cpu_ticks, cpu_busy = None, {}
+    return Snapshot(time.perf_counter(), processes, cpu_ticks, cpu_busy)
 
 
 def tree(processes: dict[int, ProcStat], roots: Collection[int]) -> set[int]:
@@ -268,8 +281,9 @@ class CpuProbe:
     """Reads /proc at the window's open and close.
 
     `server_pids`: the server's process ids (its tree and process group count as the server;
-    None: not known, so other processes' time cannot be told from the server's). `server_cpus`
-    and `planner_cpus`: the CPUs each may run on (None: read from the processes' affinity).
+    None: not known, so other processes' time cannot be told from the server's). `remote`: the
+    server runs on another machine, so only the planner's CPUs are watched. `server_cpus` and
+    `planner_cpus`: the CPUs each may run on (None: read from the processes' affinity).
     """
 
     def __init__(
@@ -279,8 +293,10 @@ class CpuProbe:
         server_cpus: Sequence[int] | None = None,
         planner_cpus: Sequence[int] | None = None,
         proc: Path = PROC,
+        remote: bool = False,
     ) -> None:
         self.server_pids = server_pids
+        self.remote = remote
         self.server_cpus = list(server_cpus) if server_cpus is not None else None
         self.planner_cpus = list(planner_cpus) if planner_cpus is not None else None
         self.proc = proc
@@ -312,7 +328,7 @@ class CpuProbe:
     def _cpu(self, before: Snapshot, after: Snapshot) -> CpuEnvironment:
         hz = os.sysconf("SC_CLK_TCK")
         window_s = max(after.t_s - before.t_s, 1e-9)
-        roots = set(self.server_pids()) if self.server_pids is not None else None
+        roots = set(self.server_pids()) if self.server_pids is not None and not self.remote else None
         server = tree(after.processes, roots) | tree(before.processes, roots) if roots else set()
         # The planner's own processes: this one and its descendants in its session (its helpers),
         # less the server it launched. A child that started a session of its own is not the
@@ -339,18 +355,34 @@ class CpuProbe:
         used = {pid: (p.ticks - (before.processes[pid].ticks if pid in before.processes else 0)) / hz
                 for pid, p in after.processes.items()}
         env.planner_cpu_s = round(sum(used[p] for p in planner if p in used), 3)
-        if roots is None:
+        if roots is None and not self.remote:
             self.notes.append("the server's processes are not known here: other processes' CPU time not told apart")
             return env
+        if roots is None:
+            self.notes.append("the server runs on another machine: only the planner's CPUs were watched")
+            server_cpus = []
         env.server_cpu_s = round(sum(used[p] for p in server if p in used), 3)
         others = [
             (pid, s) for pid, s in used.items() if s > 0 and pid not in server and pid not in planner
         ]
         on_server = [(pid, s) for pid, s in others if after.processes[pid].cpu in server_cpus]
         on_planner = [(pid, s) for pid, s in others if after.processes[pid].cpu in planner_cpus]
-        env.other_cpu_s_server_cpus = round(sum(s for _, s in on_server), 3)
-        env.other_share_server_cpus = round(env.other_cpu_s_server_cpus / (window_s * len(server_cpus)), 4)
-        env.other_cpu_s_planner_cpus = round(sum(s for _, s in on_planner), 3)
+        if server_cpus:
+            # A process counts for the CPU it last ran on, so one that moved between CPUs can be
+            # counted in full on one: no more than those CPUs were busy, less the server's own.
+            busy = _busy_s(before, after, server_cpus, hz)
+            attributed = sum(s for _, s in on_server)
+            if busy is not None:
+                attributed = min(attributed, max(0.0, busy - env.server_cpu_s))
+            env.other_cpu_s_server_cpus = round(attributed, 3)
+            env.other_share_server_cpus = round(env.other_cpu_s_server_cpus / (window_s * len(server_cpus)), 4)
+        else:
+            env.server_cpus, env.server_cpu_s = [], None
+        attributed = sum(s for _, s in on_planner)
+        busy = _busy_s(before, after, planner_cpus, hz)
+        if busy is not None:
+            attributed = min(attributed, max(0.0, busy - env.planner_cpu_s))
+        env.other_cpu_s_planner_cpus = round(attributed, 3)
         env.other_share_planner_cpus = round(env.other_cpu_s_planner_cpus / (window_s * len(planner_cpus)), 4)
         server_set, planner_set = {p for p, _ in on_server}, {p for p, _ in on_planner}
         env.busiest = [
@@ -361,6 +393,13 @@ class CpuProbe:
             for pid, s in sorted(others, key=lambda x: -x[1])[:BUSIEST]
         ]
         return env
+
+
+def _busy_s(before: Snapshot, after: Snapshot, cpus: Sequence[int], hz: int) -> float | None:
+    """Seconds these CPUs were busy between two snapshots; None when /proc/stat did not say."""
+    if not all(c in before.cpu_busy and c in after.cpu_busy for c in cpus):
+        return None
+    return sum(after.cpu_busy[c] - before.cpu_busy[c] for c in cpus) / hz
 
 
 def merge(parts: Iterable[StepEnvironment]) -> StepEnvironment:

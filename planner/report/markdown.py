@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from planner.report import environment
 from planner.report.fleet import FleetPlan
 from planner.report.suggestions import suggest
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
@@ -93,6 +94,8 @@ def _recommendation(data: ReportData) -> list[str]:
             f"- Unresolved steps (the window ran out of time before the SLOs' bounds were finite; neither"
             f" passes nor failures): {loads}"
         )
+    out += [f"- {line[0].upper()}{line[1:]}" for line in environment.disturbed_lines(
+        best.steps, best.disturbed_concurrency, best.interference_allowed)]
     if best.binding_constraint is None and best.min_failing is not None:
         binding = "no rule failed conclusively"
     else:
@@ -315,6 +318,9 @@ def _verdict_cell(s: StepResult) -> str:
         verdict = "fail: " + ", ".join(failed)
     if s.slo_unverified:
         verdict += f" (unverified: {', '.join(s.slo_unverified)})"
+    if s.disturbed:
+        # Something else ran during the window: measured again, never used.
+        verdict = f"disturbed (not used; {'; '.join(s.disturbed)}): {verdict}"
     return verdict
 
 
@@ -519,7 +525,8 @@ def sections(data: ReportData, plan: FleetPlan | None) -> list[tuple[str, list[s
         parts += [("points", _points_section(data)), ("gpu_models", _gpu_models_section(data)),
                   ("nodes", _nodes_section(data)), ("failures", _failures_section(data))]
     parts += [("measured_vs_estimated", _measured_vs_estimated(data)), ("steps", _steps_section(data)),
-              ("sessions", _sessions_section(data)), ("server", _server_section(data))]
+              ("sessions", _sessions_section(data)), ("server", _server_section(data)),
+              ("environment", environment.section([(p.id, p.steps) for p in data.points], table))]
     return [(key, lines) for key, lines in parts if lines]
 
 

@@ -6,6 +6,7 @@ import csv
 import io
 from typing import Any
 
+from planner.report import environment
 from planner.report.view import PointView, ReportData
 from replay.results import StepResult
 
@@ -115,7 +116,7 @@ def _point_fields(p: PointView) -> dict[str, Any]:
 
 def render(data: ReportData) -> str:
     config_columns = [*data.grid_axes, *data.extra_axes] if data.kind == "sweep" else []
-    columns = [*POINT_COLUMNS[:1], *config_columns, *POINT_COLUMNS[1:], *STEP_COLUMNS, *SERVER_COLUMNS]
+    columns = [*POINT_COLUMNS[:1], *config_columns, *POINT_COLUMNS[1:], *STEP_COLUMNS, *SERVER_COLUMNS, *environment.CSV_COLUMNS]
     buf = io.StringIO()
     # Empty cells, not "None", for values that were not measured, so spreadsheets read them as blank.
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
@@ -123,6 +124,6 @@ def render(data: ReportData) -> str:
     for p in data.points:
         base = _point_fields(p) | {k: p.config.get(k) for k in config_columns}
         for s in p.steps or (None,):
-            row = base | (_step_fields(s, p.gpus) | _server_fields(s) if s is not None else {})
+            row = base | (_step_fields(s, p.gpus) | _server_fields(s) | environment.csv_fields(s) if s is not None else {})
             writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
     return buf.getvalue()

@@ -43,6 +43,9 @@ class PointView:
     binding_constraint: str | None
     # Rules undecided at the lowest failing step (replay.binding): listed apart, they did not bind.
     binding_undecided: tuple[str, ...] = ()
+    # Concurrencies whose every step was disturbed, and whether interference was allowed.
+    disturbed_concurrency: tuple[int, ...] = ()
+    interference_allowed: bool = False
     output_tokens_per_s_per_gpu: float | None = None
     capacity: Capacity = field(default_factory=Capacity)
     failure: Failure | None = None
@@ -138,6 +141,8 @@ def _point(p: PointResult) -> PointView:
         safe=p.safe_concurrency,
         binding_constraint=p.binding_constraint,
         binding_undecided=tuple(p.binding_undecided),
+        disturbed_concurrency=tuple(p.disturbed_concurrency),
+        interference_allowed=p.interference_allowed,
         output_tokens_per_s_per_gpu=p.output_tokens_per_s_per_gpu,
         capacity=p.capacity,
         failure=p.failure,
@@ -190,6 +195,8 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
         safe=max_passing,
         binding_constraint=binding,
         binding_undecided=tuple(undecided),
+        disturbed_concurrency=tuple(replay.disturbed_concurrency),
+        interference_allowed=replay.interference_allowed,
         confirmed=replay.confirmed,
         knee_interval=tuple(replay.knee_interval) if replay.knee_interval else None,
     )

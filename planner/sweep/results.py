@@ -119,6 +119,10 @@ class PointResult(_Model):
     # and whether [replay] point_budget_s stopped the search before it was done.
     unresolved_concurrency: list[int] = Field(default_factory=list)
     budget_exhausted: bool = False
+    # Concurrencies whose every step was disturbed (replay.environment), and whether interference
+    # was allowed ([replay] allow_interference: recorded, never flagged).
+    disturbed_concurrency: list[int] = Field(default_factory=list)
+    interference_allowed: bool = False
     # Peak used memory per GPU over the point's steps, and what was left of each GPU's total.
     gpu_memory_peak_mib: dict[str, float] | None = None
     gpu_memory_headroom_mib: dict[str, float] | None = None
