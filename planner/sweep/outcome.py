@@ -70,9 +70,12 @@ def safe_concurrency(max_passing: int | None, headroom: float) -> int | None:
 
 def output_tokens_per_s_at(steps: list[StepResult], concurrency: int) -> float | None:
     """Output tokens/s at a concurrency: the measured step when there is one, else linear
-    interpolation between the passing closed-loop steps around it (and zero at zero)."""
+    interpolation between the passing closed-loop steps around it (and zero at zero). A disturbed
+    step measured something else beside the server: it is left out."""
     points = sorted(
-        (int(s.load.value), s.output_tokens_per_s) for s in steps if s.load.mode == "concurrency" and s.slo_pass
+        (int(s.load.value), s.output_tokens_per_s)
+        for s in steps
+        if s.load.mode == "concurrency" and s.slo_pass and not s.disturbed
     )
     if not points or concurrency < 1:
         return None

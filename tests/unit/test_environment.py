@@ -84,6 +84,23 @@ def test_other_processes_on_the_server_cpus_are_counted_and_named(tmp_path: Path
     assert disturbances(env, Interference(cpu_share=1e9)) == []
 
 
+def test_other_time_is_capped_by_what_the_servers_cpus_were_busy(tmp_path: Path):
+    """A process counts for the CPU it last ran on; one that moved between CPUs cannot add more
+    than those CPUs were busy, less the server's own time."""
+    def stat_text(busy0: int) -> str:
+        return f"cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 {busy0} 0 0 1000 0 0 0 0 0 0\ncpu1 0 0 0 1000 0 0 0 0 0 0\n"
+
+    write_proc(tmp_path, [pid_stat(10, "vllm", 1, 10, 0, 0), pid_stat(30, "mover", 1, 30, 0, 0)], 0, 800)
+    (tmp_path / "stat").write_text(stat_text(0))
+    probe = CpuProbe(lambda: {10}, server_cpus=[0], planner_cpus=[1], proc=tmp_path)
+    probe.window_opened()
+    # CPU 0 was busy 1.5 s: the server 1 s of it, so `mover` (2 s, mostly on CPU 1) had 0.5 s there.
+    write_proc(tmp_path, [pid_stat(10, "vllm", 1, 10, HZ, 0), pid_stat(30, "mover", 1, 30, 2 * HZ, 0)], 0, 800)
+    (tmp_path / "stat").write_text(stat_text(int(1.5 * HZ)))
+    probe.window_closed()
+    assert probe.environment().cpu.other_cpu_s_server_cpus == 0.5
+
+
 def test_an_unknown_server_is_said_and_nothing_is_attributed(tmp_path: Path):
     write_proc(tmp_path, [pid_stat(30, "stress", 1, 30, 0, 0)], 0, 800)
     probe = CpuProbe(None, proc=tmp_path)
