@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.report.environment import disturbed_lines
+from planner.sweep.fresh import summary as fresh_summary
 from replay import binding as binding_mod
 from replay.results import ReplayResults, StepResult
 
@@ -166,6 +167,8 @@ def sweep_summary(results) -> list[str]:
         lines += [f"  {p.id}: {line}" for line in unresolved_lines(p.unresolved_concurrency, p.budget_exhausted)]
     for p in results.points:
         lines += [f"  {p.id}: {line}" for line in disturbed_lines(p.steps, p.disturbed_concurrency, p.interference_allowed)]
+    if results.fresh_server is not None:
+        lines.append(fresh_summary(results.fresh_server))
     if results.interrupted:
         lines.append("the sweep was interrupted; finished points are kept (rerun with --resume)")
     return lines

@@ -117,6 +117,8 @@ def _recommendation(data: ReportData) -> list[str]:
         out.append("- Headroom kept: none; this is the highest concurrency that passed (a sweep applies headroom)")
     if data.best_reason:
         out.append(f"- Why this point: {data.best_reason}")
+    if data.fresh_server:
+        out.append(f"- {data.fresh_server[0].upper()}{data.fresh_server[1:]}")
     if best.command:
         out.append(f"- Command: `{' '.join(best.command)}`")
     return out + [""]

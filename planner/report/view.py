@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
+from planner.sweep import fresh
 from planner.sweep.results import NodeRank, PointResult, SweepResults
 from replay import binding as binding_mod
 from replay.results import ReplayResults, StepResult
@@ -104,6 +105,8 @@ class ReportData:
     url: str | None = None
     # The sweep's configured headroom fraction (its [slo] headroom), when saved.
     headroom_setting: float | None = None
+    # The recommended point measured again on a fresh server (planner.sweep.fresh), in one line.
+    fresh_server: str | None = None
 
     @property
     def best(self) -> PointView | None:
@@ -169,6 +172,7 @@ def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
         interrupted=sweep.interrupted,
         started_at=sweep.started_at,
         headroom_setting=sweep.settings.slo.headroom,
+        fresh_server=fresh.summary(sweep.fresh_server) if sweep.fresh_server is not None else None,
     )
 
 

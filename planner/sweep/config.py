@@ -225,6 +225,12 @@ class CpusSection(_Strict):
     client: int = Field(default=0, ge=0)
 
 
+class SweepSection(_Strict):
+    # Measure the recommended point's safe concurrency once more on a freshly started server
+    # (planner.sweep.fresh); the results say whether it held.
+    confirm_fresh_server: bool = True
+
+
 class SweepSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -238,6 +244,7 @@ class SweepSettings(BaseSettings):
     estimate: EstimateSection = Field(default_factory=EstimateSection)
     executor: ExecutorSection = Field(default_factory=ExecutorSection)
     cpus: CpusSection = Field(default_factory=CpusSection)
+    sweep: SweepSection = Field(default_factory=SweepSection)
     # Paths starting with ./ or ../ are relative to the config file, others to the working directory.
     prompts: str = "prompts/prod.jsonl"
 

@@ -221,6 +221,23 @@ class SavedSettings(_Saved):
     slo: SavedSlo = Field(default_factory=SavedSlo)
 
 
+class FreshServerCheck(_Model):
+    """The recommended point measured once more on a fresh server, at its safe concurrency
+    (planner.sweep.fresh)."""
+
+    point_id: str
+    concurrency: int
+    started_at: str | None = None
+    # True: the step passed on the fresh server; False: it did not (searched_again holds the new
+    # search); None: not measured (note says why).
+    held: bool | None = None
+    # Every step on the fresh server (more than one when a step was disturbed).
+    steps: list[StepResult] = Field(default_factory=list)
+    searched_again: PointResult | None = None
+    log_path: str | None = None
+    note: str | None = None
+
+
 class SweepResults(_Model):
     schema_version: int = SCHEMA_VERSION
     started_at: str
@@ -232,6 +249,8 @@ class SweepResults(_Model):
     identity: Identity | None = None
     points: list[PointResult] = Field(default_factory=list)
     best: Best | None = None
+    # [sweep] confirm_fresh_server: the recommended point's answer on a fresh server.
+    fresh_server: FreshServerCheck | None = None
     interrupted: bool = False
 
     @model_validator(mode="before")
