@@ -30,7 +30,9 @@ knows nothing of nvidia-smi, which lives with the planner.
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import Future
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field
 PROC = Path("/proc")
 # How many of the busiest other processes a step keeps.
 BUSIEST = 3
+# The longest a /proc reading may take before the step gives up on it.
+READ_TIMEOUT_S = 30.0
 
 
 class _Model(BaseModel):
@@ -294,36 +298,63 @@ class CpuProbe:
         planner_cpus: Sequence[int] | None = None,
         proc: Path = PROC,
         remote: bool = False,
+        background: bool = True,
     ) -> None:
         self.server_pids = server_pids
         self.remote = remote
         self.server_cpus = list(server_cpus) if server_cpus is not None else None
         self.planner_cpus = list(planner_cpus) if planner_cpus is not None else None
         self.proc = proc
-        self._open: Snapshot | None = None
-        self._close: Snapshot | None = None
+        self.background = background
+        self._open: Future[Snapshot] | None = None
+        self._close: Future[Snapshot] | None = None
         self._loadavg: tuple[float, float] | None = None
         self.notes: list[str] = []
 
     def window_opened(self) -> None:
         if self.proc.is_dir():
-            self._open = snapshot(self.proc)
+            self._open = self._reading(lambda: snapshot(self.proc))
 
     def window_closed(self) -> None:
-        if self._open is None:
-            return
-        self._close = snapshot(self.proc)
+        if self._open is not None:
+            self._close = self._reading(self._read_close)
+
+    def _read_close(self) -> Snapshot:
+        taken = snapshot(self.proc)
         try:
             self._loadavg = parse_loadavg((self.proc / "loadavg").read_text())
         except (OSError, ValueError, IndexError):
             self._loadavg = None
+        return taken
+
+    def _reading(self, read: Callable[[], Snapshot]) -> Future[Snapshot]:
+        """Read /proc on a thread of its own: hundreds of small files take milliseconds that the
+        step's event loop, at the very moment its window opens, must not lose. `background=False`
+        reads at once (tests that change a made-up /proc between the reads)."""
+        future: Future[Snapshot] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(read())
+            except BaseException as exc:  # handed to whoever asks for the result
+                future.set_exception(exc)
+
+        if self.background:
+            threading.Thread(target=run, name="proc-reader", daemon=True).start()
+        else:
+            run()
+        return future
 
     def environment(self) -> StepEnvironment:
         if not self.proc.is_dir():
             return StepEnvironment(unreadable=[f"no {self.proc}: CPU use by other processes not recorded (Linux only)"])
         if self._open is None or self._close is None:
             return StepEnvironment(unreadable=["the window never opened and closed: CPU use not recorded"])
-        return StepEnvironment(cpu=self._cpu(self._open, self._close), unreadable=list(self.notes))
+        try:
+            before, after = self._open.result(READ_TIMEOUT_S), self._close.result(READ_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:
+            return StepEnvironment(unreadable=[f"{self.proc} could not be read: {exc}"])
+        return StepEnvironment(cpu=self._cpu(before, after), unreadable=list(self.notes))
 
     def _cpu(self, before: Snapshot, after: Snapshot) -> CpuEnvironment:
         hz = os.sysconf("SC_CLK_TCK")

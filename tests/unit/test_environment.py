@@ -62,7 +62,7 @@ def write_proc(root: Path, procs: list[str], steal: int, total_idle: int) -> Non
 def test_other_processes_on_the_server_cpus_are_counted_and_named(tmp_path: Path):
     server = [pid_stat(10, "vllm", 1, 10, 0, 0), pid_stat(11, "engine", 10, 10, 0, 0)]
     write_proc(tmp_path, [*server, pid_stat(30, "stress", 1, 30, 0, 0), pid_stat(31, "idle", 1, 31, 0, 1)], 0, 800)
-    probe = CpuProbe(lambda: {10}, server_cpus=[0], planner_cpus=[1], proc=tmp_path)
+    probe = CpuProbe(lambda: {10}, server_cpus=[0], planner_cpus=[1], proc=tmp_path, background=False)
     probe.window_opened()
     time.sleep(0.05)
     window_s = 0.05
@@ -92,7 +92,7 @@ def test_other_time_is_capped_by_what_the_servers_cpus_were_busy(tmp_path: Path)
 
     write_proc(tmp_path, [pid_stat(10, "vllm", 1, 10, 0, 0), pid_stat(30, "mover", 1, 30, 0, 0)], 0, 800)
     (tmp_path / "stat").write_text(stat_text(0))
-    probe = CpuProbe(lambda: {10}, server_cpus=[0], planner_cpus=[1], proc=tmp_path)
+    probe = CpuProbe(lambda: {10}, server_cpus=[0], planner_cpus=[1], proc=tmp_path, background=False)
     probe.window_opened()
     # CPU 0 was busy 1.5 s: the server 1 s of it, so `mover` (2 s, mostly on CPU 1) had 0.5 s there.
     write_proc(tmp_path, [pid_stat(10, "vllm", 1, 10, HZ, 0), pid_stat(30, "mover", 1, 30, 2 * HZ, 0)], 0, 800)
@@ -103,7 +103,7 @@ def test_other_time_is_capped_by_what_the_servers_cpus_were_busy(tmp_path: Path)
 
 def test_an_unknown_server_is_said_and_nothing_is_attributed(tmp_path: Path):
     write_proc(tmp_path, [pid_stat(30, "stress", 1, 30, 0, 0)], 0, 800)
-    probe = CpuProbe(None, proc=tmp_path)
+    probe = CpuProbe(None, proc=tmp_path, background=False)
     probe.window_opened()
     probe.window_closed()
     env = probe.environment()
