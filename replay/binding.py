@@ -69,7 +69,7 @@ def lowest_failing_step(steps: Sequence[StepResult], min_failing: int | None) ->
     for step in steps:
         if step.load.mode != "concurrency" or int(step.load.value) != min_failing or step.slo_pass:
             continue
-        if step.slo_verdict == "unresolved" or getattr(step, "disturbed", None):
+        if step.slo_verdict == "unresolved" or step.disturbed:
             continue
         return step
     return None

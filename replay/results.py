@@ -73,6 +73,9 @@ class ServerSummary(_Model):
     # Why metrics are missing, when they are ("no vllm:* metrics at /metrics", "HTTP 404", ...).
     metrics_note: str | None = None
     samples: int = 0
+    # False when /metrics answered during the step but no sample fell inside the window or near
+    # its edges (a scrape stalled on a busy server): the gauges' peaks are then unknown (null).
+    window_sampled: bool = True
     kv_cache_usage_peak: float | None = None
     preemptions: float | None = None
     running_peak: float | None = None

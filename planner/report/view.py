@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
+from planner.cost import Prices
 from planner.sweep import fresh
 from planner.sweep.results import NodeRank, PointResult, SweepResults
 from replay import binding as binding_mod
@@ -107,6 +108,8 @@ class ReportData:
     headroom_setting: float | None = None
     # The recommended point measured again on a fresh server (planner.sweep.fresh), in one line.
     fresh_server: str | None = None
+    # GPU prices from --gpu-hour-price and the sweep's [cost] gpu_hour (planner.cost); none by default.
+    prices: Prices = field(default_factory=Prices)
 
     @property
     def best(self) -> PointView | None:

@@ -231,6 +231,20 @@ class SweepSection(_Strict):
     confirm_fresh_server: bool = True
 
 
+class CostSection(_Strict):
+    # Dollars per GPU-hour by GPU type ("H100" matches "NVIDIA H100 80GB HBM3"; planner.cost).
+    # No built-in prices: they change weekly.
+    gpu_hour: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("gpu_hour")
+    @classmethod
+    def _positive_prices(cls, table: dict[str, float]) -> dict[str, float]:
+        for kind, price in table.items():
+            if not price > 0 or price == float("inf"):
+                raise ValueError(f"gpu_hour {kind!r}: {price:g} is not a price; give a positive number of dollars per GPU-hour")
+        return table
+
+
 class SweepSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -245,6 +259,7 @@ class SweepSettings(BaseSettings):
     executor: ExecutorSection = Field(default_factory=ExecutorSection)
     cpus: CpusSection = Field(default_factory=CpusSection)
     sweep: SweepSection = Field(default_factory=SweepSection)
+    cost: CostSection = Field(default_factory=CostSection)
     # Paths starting with ./ or ../ are relative to the config file, others to the working directory.
     prompts: str = "prompts/prod.jsonl"
 

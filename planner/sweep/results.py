@@ -74,6 +74,9 @@ class PointResult(_Model):
     fingerprint: str
     started_at: str | None = None
     duration_s: float | None = None
+    # Seconds from spawning the server to /health answering (what a deployment's start-up probe
+    # must allow); absent in older files.
+    startup_s: float | None = None
     vllm_version: str | None = None
     capacity: Capacity = Field(default_factory=Capacity)
     failure: Failure | None = None
