@@ -137,3 +137,26 @@ def test_a_loopback_server_is_found_by_its_port_and_each_step_records_its_enviro
     # The conftest allows interference on this shared machine: recorded, said, never flagged.
     assert results.interference_allowed and step.disturbed == []
     assert "interference allowed (--allow-interference)" in printed
+
+
+@pytest.mark.timeout(60)
+def test_require_quiet_stops_before_the_load_on_a_busy_machine(tmp_path, spawn_fake_server, capsys):
+    url = spawn_fake_server("--itl-s", "0.005", "--ttft-s", "0.005")
+    # A process spinning on every CPU this test may use: more than 10% of them, whatever else runs.
+    spin = "while True: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in os.sched_getaffinity(0)]
+    try:
+        time.sleep(0.3)
+        code = main([
+            "replay", "--prompts", str(corpus(tmp_path)), "--url", url, "--concurrency", "1", "--min-requests", "20",
+            "--require-quiet", "--output", str(tmp_path / "out"),
+        ])
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--require-quiet: the machine is busy: load average" in err and "busiest: " in err
+    # Nothing was sent: no results were written.
+    assert not (tmp_path / "out" / "replay.json").exists()

@@ -116,6 +116,8 @@ def test_sweep_finds_the_known_answer_and_classifies_the_infeasible_point(tmp_pa
     assert results.fresh_server.held is True and results.fresh_server.searched_again is None
     printed = capsys.readouterr().out
     assert "recommended: " + big.id in printed
+    # The machine was looked at before the first server started.
+    assert printed.startswith("the machine is ")
     assert fake_vllm_processes(cfg) == []
 
     # What it measured is recorded beside the settings.
