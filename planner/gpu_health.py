@@ -6,9 +6,11 @@ second around each step; `GpuHealthSampler` asks the same call for more fields a
 sample, for the compute processes on those GPUs. It is the step's GPU probe (replay.environment.
 WindowProbe): the samples taken between the window's open and close make the step's GPU record.
 
-Throttling counts the reasons that slow a GPU down against its will: a software power cap,
-hardware slowdown, thermal slowdown (software or hardware) and the power brake. Idle, the
-applications-clock setting, sync boost and the display clock are not interference.
+Throttling counts the reasons that slow a GPU down against its will: hardware slowdown, thermal
+slowdown (software or hardware) and the power brake. The software power cap is kept apart: a GPU
+at its power limit under full load is how it serves, so it disturbs a step only when asked
+([replay] interference_power_cap). Idle, the applications-clock setting, sync boost and the
+display clock are not interference.
 
 A foreign process is a compute process on the point's GPUs whose pid is not in the server's tree.
 In a container nvidia-smi may report the host's pids, which mean nothing here: such pids are not
@@ -37,6 +39,7 @@ REASON_NAMES = ("clocks_event_reasons", "clocks_throttle_reasons")
 QUERY_TIMEOUT_S = 10.0
 APPS_QUERY = "--query-compute-apps=gpu_uuid,pid,process_name,used_memory"
 
+POWER_CAP = "sw_power_cap"
 # nvmlClocksEventReasons bits that slow the GPU down against its will.
 THROTTLE_BITS = {
     0x4: "sw_power_cap",
@@ -136,7 +139,8 @@ def gpu_states(samples: Sequence[HealthSample]) -> dict[str, GpuState]:
             sm_clock_mhz_mean=round(sum(clocks) / len(clocks), 1) if clocks else None,
             sm_clock_mhz_min=min(clocks) if clocks else None,
             sm_clock_max_mhz=max(maxima) if maxima else None,
-            throttled_share=round(sum(1 for r in judged if r) / len(judged), 4) if judged else None,
+            throttled_share=round(sum(1 for r in judged if set(r) - {POWER_CAP}) / len(judged), 4) if judged else None,
+            power_capped_share=round(sum(1 for r in judged if POWER_CAP in r) / len(judged), 4) if judged else None,
             throttle_reasons=sorted({name for r in judged for name in r}),
             temperature_c_max=max(temps) if temps else None,
             power_draw_w_max=max(power) if power else None,

@@ -96,8 +96,11 @@ class GpuState(_Model):
     sm_clock_mhz_mean: float | None = None
     sm_clock_mhz_min: float | None = None
     sm_clock_max_mhz: float | None = None
-    # Share of the samples with a power, thermal or hardware slowdown active, and the reasons seen.
+    # Share of the samples with a thermal or hardware slowdown (or the power brake) active; share
+    # with the software power cap active (a GPU at its power limit under full load: how it serves,
+    # so not counted as interference unless asked); and every reason seen.
     throttled_share: float | None = None
+    power_capped_share: float | None = None
     throttle_reasons: list[str] = Field(default_factory=list)
     temperature_c_max: float | None = None
     power_draw_w_max: float | None = None
@@ -123,6 +126,8 @@ class Interference:
     cpu_share: float = 0.10
     foreign_gpu_process: bool = True
     throttle_share: float = 0.10
+    # Count the software power cap as throttling too.
+    power_cap: bool = False
     allow: bool = False
 
 
@@ -145,10 +150,13 @@ def disturbances(env: StepEnvironment, rules: Interference) -> list[str]:
             names = ", ".join(f"{p.name} (pid {p.pid}) on GPU {p.gpu}" for p in gpu.foreign_processes)
             out.append(f"another compute process ran on the point's GPUs: {names}")
         for index, state in sorted(gpu.gpus.items()):
-            if state.throttled_share is not None and state.throttled_share > rules.throttle_share:
+            share = state.throttled_share
+            if rules.power_cap and state.power_capped_share is not None:
+                share = max(share or 0.0, state.power_capped_share)
+            if share is not None and share > rules.throttle_share:
                 reasons = ", ".join(state.throttle_reasons) or "unnamed"
                 out.append(
-                    f"GPU {index} was throttled for {state.throttled_share:.0%} of the window"
+                    f"GPU {index} was throttled for {share:.0%} of the window"
                     f" (more than {rules.throttle_share:.0%}): {reasons}"
                 )
     return out

@@ -71,6 +71,8 @@ class ReplaySettings(BaseModel):
     interference_cpu_share: float = Field(default=0.10, ge=0, le=1)
     interference_foreign_gpu: bool = True
     interference_throttle_share: float = Field(default=0.10, ge=0, le=1)
+    # Count the GPU's software power cap as throttling (a GPU at its power limit under full load).
+    interference_power_cap: bool = False
     disturbed_retries: int = Field(default=2, ge=0)
     # Merged into every request body (temperature, top_p, ...).
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -94,6 +96,7 @@ class ReplaySettings(BaseModel):
             cpu_share=self.interference_cpu_share,
             foreign_gpu_process=self.interference_foreign_gpu,
             throttle_share=self.interference_throttle_share,
+            power_cap=self.interference_power_cap,
             allow=self.allow_interference,
         )
 

@@ -153,6 +153,16 @@ def test_gpu_rules_flag_a_foreign_process_and_throttling():
     assert disturbances(env, Interference(foreign_gpu_process=False, throttle_share=0.6)) == []
 
 
+def test_the_power_cap_disturbs_only_when_asked():
+    env = StepEnvironment(gpu=GpuEnvironment(gpus={"0": GpuState(
+        samples=10, throttled_share=0.0, power_capped_share=0.9, throttle_reasons=["sw_power_cap"],
+    )}))
+    assert disturbances(env, Interference()) == []
+    assert disturbances(env, Interference(power_cap=True)) == [
+        "GPU 0 was throttled for 90% of the window (more than 10%): sw_power_cap"
+    ]
+
+
 def test_environment_parts_merge():
     cpu = StepEnvironment(cpu=CpuEnvironment(busiest=[ProcessUse(pid=1, name="x", cpu_s=1.0)]), unreadable=["a"])
     gpu = StepEnvironment(gpu=GpuEnvironment(), unreadable=["b", "a"])

@@ -48,7 +48,8 @@ def test_gpu_states_over_a_window():
     states = gpu_states(rows)
     assert states["0"].throttled_share == 0.0 and states["0"].power_draw_w_max == 412.37
     one = states["1"]
-    assert one.samples == 2 and one.throttled_share == 1.0
+    # One sample power-capped, the other thermally throttled: only the second is a slowdown.
+    assert one.samples == 2 and one.throttled_share == 0.5 and one.power_capped_share == 0.5
     assert one.throttle_reasons == ["hw_thermal_slowdown", "sw_power_cap", "sw_thermal_slowdown"]
     assert one.sm_clock_mhz_min == 1200.0 and one.sm_clock_mhz_mean == 1305.0 and one.sm_clock_max_mhz == 1980.0
     assert one.temperature_c_max == 91.0
