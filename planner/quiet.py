@@ -33,7 +33,11 @@ _LISTEN = "0A"
 
 
 class NotQuiet(ConfigError):
-    """--require-quiet, and the machine was busy."""
+    """--require-quiet, and the machine was busy: other processes used more than 10% of the CPUs
+    that will serve, or a compute process was on the GPUs that will.
+
+    What to do: stop the processes the message names (or wait for them), or run without
+    --require-quiet; the steps they disturb are then measured again and named in the results."""
 
 
 @dataclass(frozen=True)

@@ -53,67 +53,100 @@ class _Model(BaseModel):
 
 class ProcessUse(_Model):
     """One process other than the server's and the planner's, and the CPU time it used in the
-    window; `on` names the CPU sets it ran on ("server", "planner")."""
+    window."""
 
+    # Its process id.
     pid: int
+    # Its name (/proc/<pid>/stat's comm).
     name: str
+    # CPU seconds it used during the window.
     cpu_s: float
+    # The CPU sets it ran on: "server", "planner" (both when they are the same CPUs; none when it
+    # ran elsewhere).
     on: list[str] = Field(default_factory=list)
 
 
 class CpuEnvironment(_Model):
+    """The CPUs during a step's window, from /proc."""
+
+    # The 1-minute load average at the window's close.
     load_avg_1m: float | None = None
+    # The 5-minute load average at the window's close.
     load_avg_5m: float | None = None
-    # The CPUs the server may run on and the CPUs the planner may run on (the same set when
-    # nothing is pinned).
+    # The CPUs the server may run on ([cpus] client pins them; else its affinity).
     server_cpus: list[int] = Field(default_factory=list)
+    # The CPUs the planner may run on (every CPU when nothing is pinned).
     planner_cpus: list[int] = Field(default_factory=list)
-    # CPU seconds over the window: the server's process tree, the planner's own tree.
+    # CPU seconds the server's process tree (its descendants and process group) used.
     server_cpu_s: float | None = None
+    # CPU seconds the planner used (its process and its helpers, less the server it launched).
     planner_cpu_s: float | None = None
-    # CPU seconds other processes used on the server's CPUs, and that as a share of those CPUs'
-    # time (CPUs x window); the same on the planner's CPUs.
+    # CPU seconds other processes used on the server's CPUs.
     other_cpu_s_server_cpus: float | None = None
+    # That as a share of the server's CPUs' time (CPUs x window): the disturbed rule's figure.
     other_share_server_cpus: float | None = None
+    # CPU seconds other processes used on the planner's CPUs.
     other_cpu_s_planner_cpus: float | None = None
+    # That as a share of the planner's CPUs' time (CPUs x window).
     other_share_planner_cpus: float | None = None
     # Steal time as a share of all CPU time over the window (a virtual machine's host took it).
     steal_share: float | None = None
+    # The other processes that used the most CPU, busiest first (at most three).
     busiest: list[ProcessUse] = Field(default_factory=list)
 
 
 class GpuProcess(_Model):
+    """A compute process on one of the point's GPUs that is not the server's."""
+
+    # The GPU's index (nvidia-smi's).
     gpu: str
+    # Its process id.
     pid: int
+    # Its name, as nvidia-smi gives it.
     name: str
+    # GPU memory it held, in MiB.
     used_mib: float | None = None
 
 
 class GpuState(_Model):
     """One GPU over the window, from the samples taken inside it."""
 
+    # Samples taken inside the window (about one a second).
     samples: int = 0
+    # The mean SM clock over the samples.
     sm_clock_mhz_mean: float | None = None
+    # The lowest SM clock sampled.
     sm_clock_mhz_min: float | None = None
+    # The SM clock's maximum (clocks.max.sm).
     sm_clock_max_mhz: float | None = None
-    # Share of the samples with a thermal or hardware slowdown (or the power brake) active; share
-    # with the software power cap active (a GPU at its power limit under full load: how it serves,
-    # so not counted as interference unless asked); and every reason seen.
+    # Share of the samples with a thermal or hardware slowdown (or the power brake) active.
     throttled_share: float | None = None
+    # Share of the samples with the software power cap active (a GPU at its power limit under full
+    # load: how it serves, so not interference unless [replay] interference_power_cap).
     power_capped_share: float | None = None
+    # Every throttle reason seen in the window.
     throttle_reasons: list[str] = Field(default_factory=list)
+    # The highest temperature sampled, in degrees Celsius.
     temperature_c_max: float | None = None
+    # The highest power draw sampled, in watts.
     power_draw_w_max: float | None = None
 
 
 class GpuEnvironment(_Model):
+    """The point's GPUs during a step's window, from nvidia-smi."""
+
+    # Each GPU's record, by index.
     gpus: dict[str, GpuState] = Field(default_factory=dict)
     # Compute processes on these GPUs that are not the server's.
     foreign_processes: list[GpuProcess] = Field(default_factory=list)
 
 
 class StepEnvironment(_Model):
+    """What else the machine did during a step's window (see replay.environment)."""
+
+    # The CPUs (null: /proc could not be read).
     cpu: CpuEnvironment | None = None
+    # The point's GPUs (null: not watched, as in `planner replay` or CPU mode).
     gpu: GpuEnvironment | None = None
     # What could not be read on this machine ("no /proc: CPU use not recorded", ...).
     unreadable: list[str] = Field(default_factory=list)

@@ -230,9 +230,13 @@ class SloExceedance(_Model):
     `n` measured requests were above the bound, and the test allows at most `allowed` (it counts
     on `effective_n` independent requests, n shrunk by their correlation)."""
 
+    # Measured requests above the bound.
     exceeded: int
+    # Measured requests the test counted.
     n: int
+    # The most requests above the bound the test allows for a pass.
     allowed: int
+    # The independent requests the test counted on (n shrunk by their correlation).
     effective_n: int | None = None
 
 
@@ -314,10 +318,10 @@ class StepResult(_Model):
     request_duration_s: float | None = None
     # Filled in by planner sweep: peak used memory per GPU during the step.
     gpu_memory_peak_mib: dict[str, float] | None = None
-    # What else the machine did during the window (replay.environment), and what disturbed the
-    # step: one phrase per cause; a disturbed step carries no information (the search measures
-    # it again). Absent in older files and where nothing was watched.
+    # What else the machine did during the window (replay.environment); absent in older files.
     environment: StepEnvironment | None = None
+    # What disturbed the step, one phrase per cause (empty: clean); a disturbed step carries no
+    # information, and the search measures it again.
     disturbed: list[str] = Field(default_factory=list)
     # Session corpora only: the load's value counts sessions (users); this says how they mapped
     # to requests in flight, and the per-turn figures. Absent for plain corpora and older files.
@@ -378,8 +382,9 @@ class ReplayResults(_Model):
     # Concurrencies whose every step ran out of time before it could resolve (never failures).
     unresolved_concurrency: list[int] = Field(default_factory=list)
     # Concurrencies whose every step was disturbed (replay.environment), measured again up to
-    # [replay] disturbed_retries times; and whether interference was allowed (never flagged).
+    # [replay] disturbed_retries times.
     disturbed_concurrency: list[int] = Field(default_factory=list)
+    # --allow-interference: the environment was recorded, no step was called disturbed.
     interference_allowed: bool = False
     # Where the search began and why (the saturation probe's count, max_concurrency, start_concurrency).
     search_start: int | None = None

@@ -82,17 +82,20 @@ class ReplaySettings(BaseModel):
     point_budget_s: float | None = Field(default=None, gt=0)
     # Measure the highest passing concurrency again on fresh prompts before reporting it.
     confirm_knee: bool = True
-    # Interference (replay.environment): a step is disturbed when other processes used more than
-    # interference_cpu_share of the server's CPUs, a foreign compute process ran on its GPUs
-    # (interference_foreign_gpu), or a GPU was throttled for more than interference_throttle_share
-    # of the window. A disturbed concurrency is measured again up to disturbed_retries times.
-    # allow_interference: record the environment, flag nothing.
+    # Record what else ran during each step but never call a step disturbed (replay.environment;
+    # the results say so).
     allow_interference: bool = False
+    # A step is disturbed when other processes used more than this share of the server's CPUs
+    # (its CPUs x the window).
     interference_cpu_share: float = Field(default=0.10, ge=0, le=1)
+    # A step is disturbed when another compute process ran on the point's GPUs.
     interference_foreign_gpu: bool = True
+    # A step is disturbed when a GPU was throttled (thermal or hardware slowdown) for more than
+    # this share of the window.
     interference_throttle_share: float = Field(default=0.10, ge=0, le=1)
     # Count the GPU's software power cap as throttling (a GPU at its power limit under full load).
     interference_power_cap: bool = False
+    # How many times a disturbed concurrency is measured again before the search stops there.
     disturbed_retries: int = Field(default=2, ge=0)
     # Merged into every request body (temperature, top_p, ...).
     extra_body: dict[str, Any] = Field(default_factory=dict)

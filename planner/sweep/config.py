@@ -278,6 +278,7 @@ class SweepSettings(BaseSettings):
     executor: ExecutorSection = Field(default_factory=ExecutorSection)
     # CPU pinning for CPU servers (vLLM's CPU build).
     cpus: CpusSection = Field(default_factory=CpusSection)
+    # The sweep's own steps after the grid: the fresh-server confirmation.
     sweep: SweepSection = Field(default_factory=SweepSection)
     # What a GPU hour costs, by GPU type ([cost] gpu_hour): the report's and the table's prices.
     cost: CostSection = Field(default_factory=CostSection)

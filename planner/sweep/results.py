@@ -159,9 +159,9 @@ class PointResult(_Model):
     unresolved_concurrency: list[int] = Field(default_factory=list)
     # [replay] point_budget_s stopped the search before it was done.
     budget_exhausted: bool = False
-    # Concurrencies whose every step was disturbed (replay.environment), and whether interference
-    # was allowed ([replay] allow_interference: recorded, never flagged).
+    # Concurrencies whose every step was disturbed (replay.environment).
     disturbed_concurrency: list[int] = Field(default_factory=list)
+    # [replay] allow_interference: the environment was recorded, no step was called disturbed.
     interference_allowed: bool = False
     # Peak used memory per GPU over the point's steps, and what was left of each GPU's total.
     gpu_memory_peak_mib: dict[str, float] | None = None
@@ -285,16 +285,22 @@ class FreshServerCheck(_Model):
     """The recommended point measured once more on a fresh server, at its safe concurrency
     (planner.sweep.fresh)."""
 
+    # The recommended point.
     point_id: str
+    # Its safe concurrency, measured once more.
     concurrency: int
+    # When the fresh server was started.
     started_at: str | None = None
     # True: the step passed on the fresh server; False: it did not (searched_again holds the new
     # search); None: not measured (note says why).
     held: bool | None = None
     # Every step on the fresh server (more than one when a step was disturbed).
     steps: list[StepResult] = Field(default_factory=list)
+    # When it did not hold: the point searched again on a new start (its id ends in -fresh).
     searched_again: PointResult | None = None
+    # The fresh server's log, relative to the results folder.
     log_path: str | None = None
+    # Why it was not measured, or why it stopped.
     note: str | None = None
 
 
