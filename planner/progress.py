@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
+from replay.search import binding as binding_mod
 
 _LABELS = {"concurrency": "concurrency {v:g}", "rate": "rate {v:g}/s", "trace": "trace x{v:g}"}
 # Recomputing a percentile on every request would cost more than the request at high rates.
@@ -117,12 +118,15 @@ class StepProgress:
         self._progress.update(self._task, completed=min(len(self._ttft_ms), self._target), **fields)
 
     def step_finished(self, step: StepResult) -> None:
-        if step.slo_pass:
+        if step.disturbed:
+            # Something else ran: the step is measured again; the line says what it was.
+            verdict = "DISTURBED (measured again): " + "; ".join(step.disturbed)
+        elif step.slo_pass:
             verdict = "pass"
         elif step.slo_verdict == "unresolved":
             verdict = "UNRESOLVED (ran out of time)"
         else:
-            verdict = "FAIL " + ",".join(step.slo_violations)
+            verdict = "FAIL " + binding_mod.violations_text(step)
         p99 = step.ttft_ms.p99
         self._progress.update(
             self._task,

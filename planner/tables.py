@@ -9,7 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from planner import cost
+from planner.report.environment import disturbed_lines
+from planner.sweep.fresh import summary as fresh_summary
 from replay.results import ReplayResults, StepResult
+from replay.search import binding as binding_mod
 
 
 def stdout_console() -> Console:
@@ -62,7 +65,8 @@ def steps_table(steps: list[StepResult], title: str | None = None) -> Table:
             "-" if kv is None else f"{kv:.0%}",
             fmt(s.server.preemptions),
             fmt(s.server.waiting_peak),
-            "pass" if s.slo_pass else f"{_VERDICT_WORDS.get(s.slo_verdict or 'fail', 'FAIL')}: " + ", ".join(s.slo_violations),
+            ("DISTURBED (not used), " if s.disturbed else "")
+            + ("pass" if s.slo_pass else f"{_VERDICT_WORDS.get(s.slo_verdict or 'fail', 'FAIL')}: " + binding_mod.violations_text(s)),
         )
     return table
 
@@ -96,7 +100,7 @@ def replay_summary(results: ReplayResults) -> list[str]:
         lines.append(
             f"highest passing concurrency: {answer}"
             f"  (lowest failing: {results.min_failing_concurrency if results.min_failing_concurrency is not None else 'none'};"
-            f" bound by: {results.binding_constraint or '-'})"
+            f" bound by: {binding_mod.describe(results.binding_constraint, results.binding_undecided)})"
         )
         if results.search_start is not None:
             lines.append(f"search started at {results.search_start} ({results.search_start_reason})")
@@ -107,6 +111,7 @@ def replay_summary(results: ReplayResults) -> list[str]:
                 f"knee between {lo if lo is not None else 'none'} (conclusive pass) and {hi if hi is not None else 'none'}"
                 f" (conclusive fail); {'confirmed' if results.confirmed else 'not confirmed'} on fresh prompts"
             )
+    lines.extend(disturbed_lines(results.steps, results.disturbed_concurrency, results.interference_allowed))
     if results.concurrency_unit == "sessions":
         lines.append("concurrency counts sessions (users in flight), not requests")
         lines.extend(session_lines(results.steps))
@@ -145,7 +150,7 @@ def sweep_table(results, gpu_hour_price: Sequence[str] = ()) -> Table:
             fmt(p.safe_concurrency),
             fmt(p.safe_concurrency_per_gpu, 2),
             fmt(p.output_tokens_per_s_per_gpu, 0),
-            p.binding_constraint or "-",
+            binding_mod.describe(p.binding_constraint, p.binding_undecided),
             *(money if priced else []),
         )
     return table
@@ -167,6 +172,10 @@ def sweep_summary(results) -> list[str]:
         lines += [f"  {pid}: {why}" for pid, why in b.others.items()]
     for p in unresolved:
         lines += [f"  {p.id}: {line}" for line in unresolved_lines(p.unresolved_concurrency, p.budget_exhausted)]
+    for p in results.points:
+        lines += [f"  {p.id}: {line}" for line in disturbed_lines(p.steps, p.disturbed_concurrency, p.interference_allowed)]
+    if results.fresh_server is not None:
+        lines.append(fresh_summary(results.fresh_server))
     if results.interrupted:
         lines.append("the sweep was interrupted; finished points are kept (rerun with --resume)")
     return lines

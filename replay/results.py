@@ -220,6 +220,122 @@ class SessionSummary(ResultModel):
     resent_tokens: int | None = None
 
 
+class ProcessUse(ResultModel):
+    """One process other than the server's and the planner's, and the CPU time it used in the
+    window."""
+
+    # Its process id.
+    pid: int
+    # Its name (/proc/<pid>/stat's comm).
+    name: str
+    # CPU seconds it used during the window.
+    cpu_s: float
+    # The CPU sets it ran on: "server", "planner" (both when they are the same CPUs; none when it
+    # ran elsewhere).
+    on: list[str] = Field(default_factory=list)
+
+
+class CpuEnvironment(ResultModel):
+    """The CPUs during a step's window, from /proc."""
+
+    # The 1-minute load average at the window's close.
+    load_avg_1m: float | None = None
+    # The 5-minute load average at the window's close.
+    load_avg_5m: float | None = None
+    # The CPUs the server may run on ([cpus] client pins them; else its affinity).
+    server_cpus: list[int] = Field(default_factory=list)
+    # The CPUs the planner may run on (every CPU when nothing is pinned).
+    planner_cpus: list[int] = Field(default_factory=list)
+    # CPU seconds the server's process tree (its descendants and process group) used.
+    server_cpu_s: float | None = None
+    # CPU seconds the planner used (its process and its helpers, less the server it launched).
+    planner_cpu_s: float | None = None
+    # CPU seconds other processes used on the server's CPUs.
+    other_cpu_s_server_cpus: float | None = None
+    # That as a share of the server's CPUs' time (CPUs x window): the disturbed rule's figure.
+    other_share_server_cpus: float | None = None
+    # CPU seconds other processes used on the planner's CPUs.
+    other_cpu_s_planner_cpus: float | None = None
+    # That as a share of the planner's CPUs' time (CPUs x window).
+    other_share_planner_cpus: float | None = None
+    # Steal time as a share of all CPU time over the window (a virtual machine's host took it).
+    steal_share: float | None = None
+    # The other processes that used the most CPU, busiest first (at most three).
+    busiest: list[ProcessUse] = Field(default_factory=list)
+
+
+class GpuProcess(ResultModel):
+    """A compute process on one of the point's GPUs that is not the server's."""
+
+    # The GPU's index (nvidia-smi's).
+    gpu: str
+    # Its process id.
+    pid: int
+    # Its name, as nvidia-smi gives it.
+    name: str
+    # GPU memory it held, in MiB.
+    used_mib: float | None = None
+
+
+class GpuState(ResultModel):
+    """One GPU over the window, from the samples taken inside it."""
+
+    # Samples taken inside the window (about one a second).
+    samples: int = 0
+    # The mean SM clock over the samples.
+    sm_clock_mhz_mean: float | None = None
+    # The lowest SM clock sampled.
+    sm_clock_mhz_min: float | None = None
+    # The SM clock's maximum (clocks.max.sm).
+    sm_clock_max_mhz: float | None = None
+    # Share of the samples with a thermal or hardware slowdown (or the power brake) active.
+    throttled_share: float | None = None
+    # Share of the samples with the software power cap active (a GPU at its power limit under full
+    # load: how it serves, so not interference unless [replay] interference_power_cap).
+    power_capped_share: float | None = None
+    # Every throttle reason seen in the window.
+    throttle_reasons: list[str] = Field(default_factory=list)
+    # The highest temperature sampled, in degrees Celsius.
+    temperature_c_max: float | None = None
+    # The highest power draw sampled, in watts.
+    power_draw_w_max: float | None = None
+
+
+class GpuEnvironment(ResultModel):
+    """The point's GPUs during a step's window, from nvidia-smi."""
+
+    # Each GPU's record, by index.
+    gpus: dict[str, GpuState] = Field(default_factory=dict)
+    # Compute processes on these GPUs that are not the server's.
+    foreign_processes: list[GpuProcess] = Field(default_factory=list)
+
+
+class StepEnvironment(ResultModel):
+    """What else the machine did during a step's window (see replay.step.environment)."""
+
+    # The CPUs (null: /proc could not be read).
+    cpu: CpuEnvironment | None = None
+    # The point's GPUs (null: not watched, as in `planner replay` or CPU mode).
+    gpu: GpuEnvironment | None = None
+    # What could not be read on this machine ("no /proc: CPU use not recorded", ...).
+    unreadable: list[str] = Field(default_factory=list)
+
+
+class SloExceedance(ResultModel):
+    """The order-statistic test that passed a percentile rule (replay.slo.exceedance): `exceeded`
+    of the `n` measured requests were above the bound, and the test allows at most `allowed` (it
+    counts on `effective_n` independent requests, n shrunk by their correlation)."""
+
+    # Measured requests above the bound.
+    exceeded: int
+    # Measured requests the test counted.
+    n: int
+    # The most requests above the bound the test allows for a pass.
+    allowed: int
+    # The independent requests the test counted on (n shrunk by their correlation).
+    effective_n: int | None = None
+
+
 class StepResult(ResultModel):
     # The load this step held.
     load: LoadSpec
@@ -273,6 +389,9 @@ class StepResult(ResultModel):
     slo_verdict: Verdict | None = None
     # The verdict of each SLO: pass, fail, inconclusive or unresolved.
     slo_verdicts: dict[str, Verdict] = Field(default_factory=dict)
+    # Each client-side percentile rule that passed: the exceedance test that passed it (shown
+    # beside an interval that is open above). Absent in older files.
+    slo_exceedance: dict[str, SloExceedance] = Field(default_factory=dict)
     # 95% interval of requests_per_s (batch means over ten slices of the window).
     requests_per_s_ci95: list[float | None] | None = None
     # 95% interval of output_tokens_per_s.
@@ -295,6 +414,11 @@ class StepResult(ResultModel):
     request_duration_s: float | None = None
     # Filled in by planner sweep: peak used memory per GPU during the step.
     gpu_memory_peak_mib: dict[str, float] | None = None
+    # What else the machine did during the window (replay.step.environment); absent in older files.
+    environment: StepEnvironment | None = None
+    # What disturbed the step, one phrase per cause (empty: clean); a disturbed step carries no
+    # information, and the search measures it again.
+    disturbed: list[str] = Field(default_factory=list)
     # Session corpora only: the load's value counts sessions (users); this says how they mapped
     # to requests in flight, and the per-turn figures. Absent for plain corpora and older files.
     sessions: SessionSummary | None = None
@@ -344,12 +468,20 @@ class ReplayResults(ResultModel):
     min_failing_concurrency: int | None = None
     # The SLOs the lowest failing step broke.
     binding_constraint: str | None = None
+    # Rules undecided at the lowest failing step, apart from the binding constraint (they did not
+    # bind): "tpot_p90_ms: undecided after 13 requests".
+    binding_undecided: list[str] = Field(default_factory=list)
     # The search re-measured max_passing_concurrency on fresh prompts and it passed again.
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
     # Concurrencies whose every step ran out of time before it could resolve (never failures).
     unresolved_concurrency: list[int] = Field(default_factory=list)
+    # Concurrencies whose every step was disturbed (replay.step.environment), measured again up to
+    # [replay] disturbed_retries times.
+    disturbed_concurrency: list[int] = Field(default_factory=list)
+    # --allow-interference: the environment was recorded, no step was called disturbed.
+    interference_allowed: bool = False
     # Where the search began and why (the saturation probe's count, max_concurrency, start_concurrency).
     search_start: int | None = None
     # Why the search began there.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from planner import interrupt
+from planner import interrupt, quiet
 from planner.cliargs import add_metrics_args, comma_list, env_default, metrics_exporter
 from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
 from planner.identity import replay_identity
@@ -20,6 +20,7 @@ from replay.corpus.jsonl import load_corpus
 from replay.run.entry import RESULTS_FILE, run_replay
 from replay.run.settings import ReplaySettings
 from replay.slo import rules as slo_mod
+from replay.step.environment import CpuProbe, WindowProbe
 from replay.step.observer import Observers
 
 
@@ -101,6 +102,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=",".join(f"{k}={v:g}" for k, v in slo_mod.DEFAULT_SLO.items()),
         help=f"SLOs as key=value,... (default %(default)s); keys: {slo_mod.VALID_KEYS_HELP}",
     )
+    env = p.add_argument_group("interference (see docs/concepts/environment.md)")
+    env.add_argument(
+        "--allow-interference", action="store_true",
+        default=env_default("PLANNER_REPLAY__ALLOW_INTERFERENCE", "").lower() in ("1", "true", "yes"),
+        help="record what else ran during each step but never call a step disturbed; the results say so"
+        " (env PLANNER_REPLAY__ALLOW_INTERFERENCE)",
+    )
+    env.add_argument("--require-quiet", action="store_true", help="stop before the load when the machine is busy")
     p.add_argument("--skip-invalid", action="store_true", help="skip invalid corpus lines (and report how many)")
     p.add_argument("--output", type=Path, default=None, help=f"write DIR/{RESULTS_FILE} after every step, and the report")
     add_baseline_args(p)
@@ -138,6 +147,7 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
             client_ttft_excess_ms=args.client_ttft_excess_ms,
             client_ttft_excess_fraction=args.client_ttft_excess_fraction,
             confirm_knee=args.confirm_knee,
+            allow_interference=args.allow_interference,
         ),
         source="planner replay",
     )
@@ -158,6 +168,13 @@ def run(args: argparse.Namespace) -> int:
     if corpus.skipped_invalid:
         Console(stderr=True).print(f"skipped {corpus.skipped_invalid} invalid corpus lines (--skip-invalid)")
 
+    where = quiet.locate_server(args.url)
+    check = quiet.check_machine(where.pids or None, remote=where.remote)
+    console.print(quiet.enforce(check, args.require_quiet) + (f"; {where.note}" if where.note else ""), highlight=False)
+
+    def probes() -> list[WindowProbe]:
+        return [CpuProbe((lambda: set(where.pids)) if where.pids else None, remote=where.remote)]
+
     with metrics_exporter(args) as exporter, StepProgress(settings.window(slo).min_requests) as progress:
         results = interrupt.run(
             run_replay(
@@ -170,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
                 output_dir=args.output,
                 observer=Observers(progress, exporter),
                 identity=replay_identity(args.url),
+                probes=probes,
             )
         )
     console.print(steps_table(results.steps, title=f"{results.model} at {results.url}"))

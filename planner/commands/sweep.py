@@ -9,7 +9,9 @@ from pathlib import Path
 
 from planner import cost
 from planner import cpus as cpus_mod
-from planner import interrupt
+from planner import gpu_health
+from planner import gpus as gpu_mod
+from planner import interrupt, quiet
 from planner.cliargs import add_metrics_args, env_default, key_values, metrics_exporter
 from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
 from planner.errors import ConfigError
@@ -71,6 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    " repeatable (over [cost] gpu_hour)")
     p.add_argument("--executor", choices=("local", "ray"), default=None,
                    help="where points run: this machine or a Ray cluster (overrides [executor] kind; env PLANNER_EXECUTOR__KIND)")
+    p.add_argument(
+        "--allow-interference", action="store_true",
+        help="record what else ran during each step but never call a step disturbed (overrides [replay] allow_interference)",
+    )
+    p.add_argument("--require-quiet", action="store_true", help="stop before the first server starts when the machine is busy")
     add_baseline_args(p)
     add_metrics_args(p)
     p.set_defaults(run=run)
@@ -108,6 +115,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         out["estimate"] = estimate
     if args.executor is not None:
         out["executor"] = {"kind": args.executor}
+    if args.allow_interference:
+        out["replay"] = {"allow_interference": True}
     return out
 
 
@@ -155,6 +164,14 @@ def run(args: argparse.Namespace) -> int:
     if pinned is not None:
         # Before any thread starts: threads inherit the mask of the one that starts them.
         cpus_mod.pin_self(pinned)
+    if settings.executor.kind == "local":
+        # No server runs yet: every other process on these CPUs and GPUs is someone else's.
+        foreign = gpu_health.foreign_now(gpu_mod.discover(settings.gpus.devices))
+        check = quiet.check_machine(
+            set(), server_cpus=pinned.server if pinned else None, planner_cpus=pinned.client if pinned else None,
+            foreign_gpu=foreign,
+        )
+        console.print(quiet.enforce(check, args.require_quiet), soft_wrap=True, highlight=False)
     with metrics_exporter(args) as exporter, StepProgress(settings.replay.window(settings.slo.rules()).min_requests) as progress:
         results = interrupt.run(
             run_sweep(

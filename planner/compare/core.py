@@ -64,6 +64,9 @@ class CapacityComparison(_Strict):
     base_confirmed: bool | None
     new_confirmed: bool | None
     verdict: Verdict
+    # What bound each search: the rules that failed conclusively, the undecided ones apart.
+    base_bound_by: str | None = None
+    new_bound_by: str | None = None
     reason: str
 
 
@@ -261,6 +264,8 @@ def compare(base: Run, new: Run, *, min_change: float = 0.0) -> Comparison:
                 new_knee_interval=n.knee_interval,
                 base_confirmed=b.confirmed,
                 new_confirmed=n.confirmed,
+                base_bound_by=b.bound_by,
+                new_bound_by=n.bound_by,
                 verdict=verdict,
                 reason=reason,
             )

@@ -53,6 +53,11 @@ def _capacity_phrase(point: PointComparison) -> str | None:
         f"safe {_int(cap.base_safe_concurrency)} -> {_int(cap.new_safe_concurrency)},"
         f" max passing {_int(cap.base_max_passing_concurrency)} -> {_int(cap.new_max_passing_concurrency)},"
         f" knee {_knee(cap.base_knee_interval)} -> {_knee(cap.new_knee_interval)}"
+        + (
+            f", bound by {cap.base_bound_by} -> {cap.new_bound_by}"
+            if {cap.base_bound_by, cap.new_bound_by} - {None, "-"}
+            else ""
+        )
     )
 
 

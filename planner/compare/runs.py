@@ -17,6 +17,7 @@ from planner.report.load import load_results
 from planner.sweep.results import PointResult, SweepResults
 from replay.identity import Identity, ModelIdentity
 from replay.results import ReplayResults, StepResult
+from replay.search import binding as binding_mod
 
 RunKind = Literal["sweep", "replay"]
 
@@ -36,6 +37,8 @@ class RunPoint:
     safe_concurrency: int | None
     steps: list[StepResult] = field(default_factory=list)
     failure: str | None = None
+    # What bound the search, with the rules undecided there apart (replay.search.binding.describe).
+    bound_by: str | None = None
 
 
 @dataclass
@@ -78,6 +81,7 @@ def _sweep_point(p: PointResult) -> RunPoint:
         safe_concurrency=p.safe_concurrency,
         steps=p.steps,
         failure=failure,
+        bound_by=binding_mod.describe(p.binding_constraint, p.binding_undecided),
     )
 
 
@@ -108,6 +112,7 @@ def _from_replay(path: Path, replay: ReplayResults) -> Run:
         confirmed=replay.confirmed,
         knee_interval=replay.knee_interval,
         max_passing_concurrency=replay.max_passing_concurrency,
+        bound_by=binding_mod.describe(replay.binding_constraint, replay.binding_undecided),
         safe_concurrency=None,
         steps=replay.steps,
     )

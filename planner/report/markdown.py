@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from planner.report import environment
 from planner.report.costs import cost_section
 from planner.report.fleet import FleetPlan
 from planner.report.suggestions import suggest
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import ServerLatency, StepResult
+from replay.search import binding as binding_mod
 from replay.slo import rules as slo_mod
+from replay.slo.exceedance import exceedance_text
 
 DASH = "-"
 
@@ -93,9 +96,19 @@ def _recommendation(data: ReportData) -> list[str]:
             f"- Unresolved steps (the window ran out of time before the SLOs' bounds were finite; neither"
             f" passes nor failures): {loads}"
         )
-    binding = best.binding_constraint or "none reached (the search hit its ceiling)"
+    out += [f"- {line[0].upper()}{line[1:]}" for line in environment.disturbed_lines(
+        best.steps, best.disturbed_concurrency, best.interference_allowed)]
+    if best.binding_constraint is None and best.min_failing is not None:
+        binding = "no rule failed conclusively"
+    else:
+        binding = f"`{best.binding_constraint or 'none reached (the search hit its ceiling)'}`"
     fail_at = f", first violated at concurrency {best.min_failing}" if best.min_failing is not None else ""
-    out.append(f"- Binding constraint: `{binding}`{fail_at}")
+    out.append(f"- Binding constraint: {binding}{fail_at}")
+    if best.binding_undecided:
+        out.append(
+            "- Undecided at that step (its window closed before these were shown either way; they did not bind): "
+            + "; ".join(best.binding_undecided)
+        )
     if data.kind == "sweep":
         out.append(
             f"- Headroom kept: {pct(best.headroom)} below the highest passing concurrency "
@@ -106,6 +119,8 @@ def _recommendation(data: ReportData) -> list[str]:
         out.append("- Headroom kept: none; this is the highest concurrency that passed (a sweep applies headroom)")
     if data.best_reason:
         out.append(f"- Why this point: {data.best_reason}")
+    if data.fresh_server:
+        out.append(f"- {data.fresh_server[0].upper()}{data.fresh_server[1:]}")
     if best.command:
         out.append(f"- Command: `{' '.join(best.command)}`")
     return out + [""]
@@ -174,7 +189,7 @@ def _points_section(data: ReportData) -> list[str]:
             num(p.safe),
             num(p.safe_per_gpu, 2),
             num(_throughput_per_gpu(p)) if p.feasible else DASH,
-            p.binding_constraint or DASH,
+            p.bound_by(DASH),
         ))
     return ["## Every point", ""] + table(header, rows)
 
@@ -235,7 +250,7 @@ def _failures_section(data: ReportData) -> list[str]:
         return []
     rows = []
     for p in failed:
-        message = p.failure.message if p.failure else f"binding constraint {p.binding_constraint or DASH}"
+        message = p.failure.message if p.failure else f"binding constraint {p.bound_by(DASH)}"
         if len(message) > 240:
             message = message[:237] + "..."
         rows.append((f"`{p.id}`", p.failure.kind if p.failure else p.status, message, suggest(p.failure, p.status)))
@@ -299,11 +314,17 @@ def _verdict_cell(s: StepResult) -> str:
     elif s.slo_verdict == "unresolved":
         # Out of time before the bounds were finite: no information, never a failure.
         verdict = "unresolved (ran out of time; not a failure): " + ", ".join(s.slo_violations)
+    elif s.slo_verdicts and binding_mod.undecided_rules(s):
+        # A window closed on a conclusive failure: the rules still undecided did not fail.
+        verdict = "fail: " + ", ".join(binding_mod.failed_rules(s)) + "; " + "; ".join(binding_mod.undecided_notes(s))
     else:
         failed = [k for k, v in s.slo_verdicts.items() if v == "fail"] if s.slo_verdicts else s.slo_violations
         verdict = "fail: " + ", ".join(failed)
     if s.slo_unverified:
         verdict += f" (unverified: {', '.join(s.slo_unverified)})"
+    if s.disturbed:
+        # Something else ran during the window: measured again, never used.
+        verdict = f"disturbed (not used; {'; '.join(s.disturbed)}): {verdict}"
     return verdict
 
 
@@ -318,7 +339,12 @@ def _bounded_figures(s: StepResult, slo: dict[str, float]) -> str:
         if summary is None:
             continue
         ci = (summary.ci95 or {}).get(parts[1])
-        cells.append(f"{parts[0]} {parts[1]} {with_ci(getattr(summary, parts[1]), ci)}")
+        cell = f"{parts[0]} {parts[1]} {with_ci(getattr(summary, parts[1]), ci)}"
+        test = s.slo_exceedance.get(key)
+        if test is not None and ci is not None and ci[1] is None:
+            # "pass" beside an interval open above: the exceedance count is what passed it.
+            cell += f" (passed: {exceedance_text(test)})"
+        cells.append(cell)
     if s.slo_attainment is not None:
         cells.append(f"attainment {with_ci(s.slo_attainment * 100, [None if v is None else v * 100 for v in s.slo_attainment_ci95 or [None, None]])}%")
     return "; ".join(cells) or DASH
@@ -504,7 +530,8 @@ def sections(data: ReportData, plan: FleetPlan | None) -> list[tuple[str, list[s
         parts += [("points", _points_section(data)), ("gpu_models", _gpu_models_section(data)),
                   ("nodes", _nodes_section(data)), ("failures", _failures_section(data))]
     parts += [("measured_vs_estimated", _measured_vs_estimated(data)), ("steps", _steps_section(data)),
-              ("sessions", _sessions_section(data)), ("server", _server_section(data))]
+              ("sessions", _sessions_section(data)), ("server", _server_section(data)),
+              ("environment", environment.section([(p.id, p.steps) for p in data.points], table))]
     return [(key, lines) for key, lines in parts if lines]
 
 

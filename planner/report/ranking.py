@@ -82,7 +82,8 @@ def rank(
             else:
                 ranked.append(Ranked(
                     data.source, o.point_id, p.gpu_model, o, price, fleet_cost(price, o.replicas, o.gpus_per_replica),
-                    p.binding_constraint, _sized_by(o, target_rps, target_concurrency),
+                    p.bound_by() if p.binding_constraint or p.binding_undecided else None,
+                    _sized_by(o, target_rps, target_concurrency),
                 ))
     # At one price, the point with more safe concurrency per replica leaves more room.
     ranked.sort(key=lambda r: (r.cost.per_hour, r.cost.gpus, -r.option.safe_concurrency, str(r.source), r.point_id))

@@ -6,6 +6,7 @@ import csv
 import io
 from typing import Any
 
+from planner.report import environment
 from planner.report.view import PointView, ReportData
 from replay.results import StepResult
 
@@ -27,6 +28,7 @@ SERVER_COLUMNS = (
 POINT_COLUMNS = (
     "point_id", "status", "failure_kind", "gpus", "kv_cache_tokens", "max_passing_concurrency",
     "safe_concurrency", "safe_concurrency_per_gpu", "confirmed", "knee_pass", "knee_fail",
+    "binding_constraint", "binding_undecided",
 )
 
 
@@ -107,12 +109,14 @@ def _point_fields(p: PointView) -> dict[str, Any]:
         "confirmed": p.confirmed,
         "knee_pass": p.knee_interval[0] if p.knee_interval else None,
         "knee_fail": p.knee_interval[1] if p.knee_interval else None,
+        "binding_constraint": p.binding_constraint,
+        "binding_undecided": ";".join(p.binding_undecided) or None,
     }
 
 
 def render(data: ReportData) -> str:
     config_columns = [*data.grid_axes, *data.extra_axes] if data.kind == "sweep" else []
-    columns = [*POINT_COLUMNS[:1], *config_columns, *POINT_COLUMNS[1:], *STEP_COLUMNS, *SERVER_COLUMNS]
+    columns = [*POINT_COLUMNS[:1], *config_columns, *POINT_COLUMNS[1:], *STEP_COLUMNS, *SERVER_COLUMNS, *environment.CSV_COLUMNS]
     buf = io.StringIO()
     # Empty cells, not "None", for values that were not measured, so spreadsheets read them as blank.
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
@@ -120,6 +124,6 @@ def render(data: ReportData) -> str:
     for p in data.points:
         base = _point_fields(p) | {k: p.config.get(k) for k in config_columns}
         for s in p.steps or (None,):
-            row = base | (_step_fields(s, p.gpus) | _server_fields(s) if s is not None else {})
+            row = base | (_step_fields(s, p.gpus) | _server_fields(s) | environment.csv_fields(s) if s is not None else {})
             writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
     return buf.getvalue()

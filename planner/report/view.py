@@ -13,8 +13,10 @@ from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
 from planner.cost import Prices
+from planner.sweep import fresh
 from planner.sweep.results import NodeRank, PointResult, SweepResults
 from replay.results import ReplayResults, StepResult
+from replay.search import binding as binding_mod
 from replay.search.policy import bracket
 from replay.search.verdicts import concurrency_history
 
@@ -41,6 +43,12 @@ class PointView:
     min_failing: int | None
     safe: int | None
     binding_constraint: str | None
+    # Rules undecided at the lowest failing step (replay.search.binding): listed apart, they did
+    # not bind.
+    binding_undecided: tuple[str, ...] = ()
+    # Concurrencies whose every step was disturbed, and whether interference was allowed.
+    disturbed_concurrency: tuple[int, ...] = ()
+    interference_allowed: bool = False
     output_tokens_per_s_per_gpu: float | None = None
     capacity: Capacity = field(default_factory=Capacity)
     failure: Failure | None = None
@@ -75,6 +83,10 @@ class PointView:
             return None
         return 1.0 - self.safe / self.max_passing
 
+    def bound_by(self, none: str = "-") -> str:
+        """The binding constraint, with the rules undecided there listed apart."""
+        return binding_mod.describe(self.binding_constraint, self.binding_undecided, none=none)
+
     def config_text(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.config.items()) or "(as launched)"
 
@@ -95,6 +107,8 @@ class ReportData:
     url: str | None = None
     # The sweep's configured headroom fraction (its [slo] headroom), when saved.
     headroom_setting: float | None = None
+    # The recommended point measured again on a fresh server (planner.sweep.fresh), in one line.
+    fresh_server: str | None = None
     # GPU prices from --gpu-hour-price and the sweep's [cost] gpu_hour (planner.cost); none by default.
     prices: Prices = field(default_factory=Prices)
 
@@ -133,6 +147,9 @@ def _point(p: PointResult) -> PointView:
         min_failing=p.min_failing_concurrency,
         safe=p.safe_concurrency,
         binding_constraint=p.binding_constraint,
+        binding_undecided=tuple(p.binding_undecided),
+        disturbed_concurrency=tuple(p.disturbed_concurrency),
+        interference_allowed=p.interference_allowed,
         output_tokens_per_s_per_gpu=p.output_tokens_per_s_per_gpu,
         capacity=p.capacity,
         failure=p.failure,
@@ -159,6 +176,7 @@ def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
         interrupted=sweep.interrupted,
         started_at=sweep.started_at,
         headroom_setting=sweep.settings.slo.headroom,
+        fresh_server=fresh.summary(sweep.fresh_server) if sweep.fresh_server is not None else None,
     )
 
 
@@ -169,10 +187,11 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
         # A fixed list of loads (no --find-max) still brackets the answer.
         b = bracket(concurrency_history(concurrency_steps))
         max_passing, min_failing = b.max_passing, b.min_failing
-    binding = replay.binding_constraint
-    if binding is None and min_failing is not None:
-        failing = [s for s in concurrency_steps if int(s.load.value) == min_failing and s.slo_violations]
-        binding = failing[0].slo_violations[0] if failing else None
+    binding, undecided = replay.binding_constraint, list(replay.binding_undecided)
+    if binding is None and not undecided and min_failing is not None:
+        # A fixed list of loads: bound by what its lowest failing step broke conclusively.
+        bound_by = binding_mod.binding(concurrency_steps, min_failing, None)
+        binding, undecided = bound_by.constraint, bound_by.undecided
     point = PointView(
         id="replay",
         config={},
@@ -183,6 +202,9 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
         min_failing=min_failing,
         safe=max_passing,
         binding_constraint=binding,
+        binding_undecided=tuple(undecided),
+        disturbed_concurrency=tuple(replay.disturbed_concurrency),
+        interference_allowed=replay.interference_allowed,
         confirmed=replay.confirmed,
         knee_interval=tuple(replay.knee_interval) if replay.knee_interval else None,
     )

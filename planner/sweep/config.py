@@ -237,6 +237,12 @@ class CpusSection(_Strict):
     client: int = Field(default=0, ge=0)
 
 
+class SweepSection(_Strict):
+    # Measure the recommended point's safe concurrency once more on a freshly started server
+    # (planner.sweep.fresh); the results say whether it held.
+    confirm_fresh_server: bool = True
+
+
 class CostSection(_Strict):
     # Dollars per GPU-hour by GPU type ("H100" matches "NVIDIA H100 80GB HBM3"; planner.cost).
     # No built-in prices: they change weekly.
@@ -272,6 +278,8 @@ class SweepSettings(BaseSettings):
     executor: ExecutorSection = Field(default_factory=ExecutorSection)
     # CPU pinning for CPU servers (vLLM's CPU build).
     cpus: CpusSection = Field(default_factory=CpusSection)
+    # The sweep's own steps after the grid: the fresh-server confirmation.
+    sweep: SweepSection = Field(default_factory=SweepSection)
     # What a GPU hour costs, by GPU type ([cost] gpu_hour): the report's and the table's prices.
     cost: CostSection = Field(default_factory=CostSection)
     # The prompt corpus (JSONL). Paths starting with ./ or ../ are relative to the config file, others

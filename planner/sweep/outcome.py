@@ -11,7 +11,8 @@ import numpy as np
 from planner.capacity import Failure
 from planner.sweep.results import INFEASIBLE_KINDS, Best, PointResult, PointStatus
 from replay.results import StepResult
-from replay.search.verdicts import binding_constraint, knee
+from replay.search import binding as binding_mod
+from replay.search.verdicts import knee
 
 UPPER_BOUND_CONSTRAINT = "kv_capacity_bound"
 
@@ -43,7 +44,8 @@ def conclude(
     r.status = "ok"
     r.max_passing_concurrency = lo
     r.min_failing_concurrency = hi
-    r.binding_constraint = binding_constraint(r.steps, hi, limit if hi is None and lo == upper else None)
+    bound_by = binding_mod.binding(r.steps, hi, limit if hi is None and lo == upper else None)
+    r.binding_constraint, r.binding_undecided = bound_by.constraint, bound_by.undecided
     r.confirmed, r.knee_interval = knee(r.steps)
     r.safe_concurrency = safe_concurrency(lo, headroom)
     r.gpus = gpus
@@ -68,9 +70,12 @@ def safe_concurrency(max_passing: int | None, headroom: float) -> int | None:
 
 def output_tokens_per_s_at(steps: list[StepResult], concurrency: int) -> float | None:
     """Output tokens/s at a concurrency: the measured step when there is one, else linear
-    interpolation between the passing closed-loop steps around it (and zero at zero)."""
+    interpolation between the passing closed-loop steps around it (and zero at zero). A disturbed
+    step measured something else beside the server: it is left out."""
     points = sorted(
-        (int(s.load.value), s.output_tokens_per_s) for s in steps if s.load.mode == "concurrency" and s.slo_pass
+        (int(s.load.value), s.output_tokens_per_s)
+        for s in steps
+        if s.load.mode == "concurrency" and s.slo_pass and not s.disturbed
     )
     if not points or concurrency < 1:
         return None
@@ -101,11 +106,13 @@ def choose_best(points: list[PointResult]) -> Best | None:
             detail = f" ({p.failure.message})" if p.failure and p.failure.message else ""
             others[p.id] = f"{p.status}: {kind}{detail}"[:300]
         elif not p.safe_concurrency_per_gpu:
-            others[p.id] = f"no safe concurrency (bound by {p.binding_constraint or 'the SLOs'} already at the lowest load)"
+            others[p.id] = (
+                f"no safe concurrency (bound by {_bound_by(p, 'the SLOs')} already at the lowest load)"
+            )
         elif key(p)[0] < key(best)[0]:
             others[p.id] = (
                 f"lower safe concurrency per GPU: {p.safe_concurrency_per_gpu:g} vs {best.safe_concurrency_per_gpu:g}"
-                f" (bound by {p.binding_constraint or '-'})"
+                f" (bound by {_bound_by(p)})"
             )
         elif key(p) == key(best):
             others[p.id] = "tied on safe concurrency and output tokens/s per GPU; the earlier point is recommended"
@@ -121,7 +128,11 @@ def choose_best(points: list[PointResult]) -> Best | None:
         reason=(
             f"highest safe concurrency per GPU ({best.safe_concurrency_per_gpu:g}"
             f" = {best.safe_concurrency} safe / {best.gpus} GPU{'s' if best.gpus != 1 else ''}),"
-            f" bound by {best.binding_constraint or '-'}"
+            f" bound by {_bound_by(best)}"
         ),
         others=others,
     )
+
+
+def _bound_by(p: PointResult, none: str = "-") -> str:
+    return binding_mod.describe(p.binding_constraint, p.binding_undecided, none=none)

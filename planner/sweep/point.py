@@ -29,6 +29,7 @@ from planner import gpus as gpu_mod
 from planner.capacity import Failure
 from planner.errors import ServerStartFailed
 from planner.estimate import kv_tokens_relative_error
+from planner.gpu_health import GpuHealthSampler
 from planner.launcher import VllmServer
 from replay.prefix.bound import (
     VLLM_DEFAULT_MAX_TOKENS,
@@ -52,6 +53,7 @@ from replay.results import StepResult
 from replay.run.runner import Replay, SearchOutcome
 from replay.search.policy import bracket
 from replay.search.verdicts import concurrency_history
+from replay.step.environment import CpuProbe, WindowProbe
 from replay.step.observer import Observers
 
 
@@ -311,10 +313,25 @@ class PointRunner:
                 log_tail=log_tail(server.read_log()),
             )
             return
-        # GPUs known to nvidia-smi only: a Ray node may declare GPUs it has no nvidia-smi for.
+        def server_pids() -> set[int]:
+            return {server.pid} if server.pid is not None else set()
+
+        # GPUs known to nvidia-smi only: a Ray node may declare GPUs it has no nvidia-smi for. The
+        # sampler is also the step's GPU probe (planner.gpu_health); the CPUs are watched from /proc.
         monitor: Callable[[], gpu_mod.GpuMemorySampler] | None = (
-            (lambda: gpu_mod.GpuMemorySampler(list(self.gpu_ids))) if self.gpu_ids and ctx.gpu_inventory else None
+            (lambda: GpuHealthSampler(list(self.gpu_ids), server_pids=server_pids))
+            if self.gpu_ids and ctx.gpu_inventory
+            else None
         )
+        split = ctx.cpus
+
+        def probes() -> list[WindowProbe]:
+            return [CpuProbe(
+                server_pids,
+                server_cpus=split.server if split is not None else None,
+                planner_cpus=split.client if split is not None else None,
+            )]
+
         # A connection for every request in flight at the bound, and spare ones for /metrics.
         async with self._client(server, upper + METRICS_CONNECTIONS) as client:
             replay = Replay(
@@ -325,6 +342,7 @@ class PointRunner:
                 observer=Observers(*ctx.observers),
                 on_step=self._on_step,
                 step_monitor=monitor,
+                probes=probes,
             )
             search = asyncio.create_task(self._search(replay, upper))
             died = asyncio.create_task(server.wait_exit())
@@ -348,6 +366,8 @@ class PointRunner:
                 return
             outcome = search.result()
         r.unresolved_concurrency = outcome.unresolved
+        r.disturbed_concurrency = outcome.disturbed
+        r.interference_allowed = settings.replay.allow_interference
         r.budget_exhausted = outcome.budget_exhausted
         conclude(
             r,

@@ -143,6 +143,9 @@ class PointResult(ResultModel):
     # The SLOs the lowest failing step broke, or kv_capacity_bound (max_concurrency) when the whole
     # bound passed.
     binding_constraint: str | None = None
+    # Rules undecided at the lowest failing step, apart from the binding constraint (they did not
+    # bind): "tpot_p90_ms: undecided after 13 requests" (replay.search.binding).
+    binding_undecided: list[str] = Field(default_factory=list)
     # max_passing_concurrency passed again on fresh prompts; the knee lies in knee_interval
     # [highest conclusive pass, lowest conclusive fail]. Absent in older files.
     confirmed: bool | None = None
@@ -153,6 +156,10 @@ class PointResult(ResultModel):
     unresolved_concurrency: list[int] = Field(default_factory=list)
     # [replay] point_budget_s stopped the search before it was done.
     budget_exhausted: bool = False
+    # Concurrencies whose every step was disturbed (replay.step.environment).
+    disturbed_concurrency: list[int] = Field(default_factory=list)
+    # [replay] allow_interference: the environment was recorded, no step was called disturbed.
+    interference_allowed: bool = False
     # Peak used memory per GPU over the point's steps, and what was left of each GPU's total.
     gpu_memory_peak_mib: dict[str, float] | None = None
     # What was left of each GPU's total memory at that peak, in MiB.
@@ -271,6 +278,29 @@ class SavedSettings(_Saved):
     slo: SavedSlo = Field(default_factory=SavedSlo)
 
 
+class FreshServerCheck(ResultModel):
+    """The recommended point measured once more on a fresh server, at its safe concurrency
+    (planner.sweep.fresh)."""
+
+    # The recommended point.
+    point_id: str
+    # Its safe concurrency, measured once more.
+    concurrency: int
+    # When the fresh server was started.
+    started_at: str | None = None
+    # True: the step passed on the fresh server; False: it did not (searched_again holds the new
+    # search); None: not measured (note says why).
+    held: bool | None = None
+    # Every step on the fresh server (more than one when a step was disturbed).
+    steps: list[StepResult] = Field(default_factory=list)
+    # When it did not hold: the point searched again on a new start (its id ends in -fresh).
+    searched_again: PointResult | None = None
+    # The fresh server's log, relative to the results folder.
+    log_path: str | None = None
+    # Why it was not measured, or why it stopped.
+    note: str | None = None
+
+
 class SweepResults(ResultModel):
     # The file's format version.
     schema_version: int = SCHEMA_VERSION
@@ -288,6 +318,8 @@ class SweepResults(ResultModel):
     # The recommended point: the highest safe concurrency per GPU, ties broken by output tokens/s
     # per GPU.
     best: Best | None = None
+    # [sweep] confirm_fresh_server: the recommended point's answer on a fresh server.
+    fresh_server: FreshServerCheck | None = None
     # The sweep was stopped (Ctrl-C or SIGTERM); finished points and steps are kept.
     interrupted: bool = False
 

@@ -11,20 +11,24 @@ from pathlib import Path
 
 from planner import cpus as cpus_mod
 from planner.capacity import Failure
-from planner.errors import ConfigError
+from planner.errors import ConfigError, ServerStartFailed
 from planner.estimate import Estimate
 from planner.identity import server_identity
 from planner.sweep.config import SweepSettings, public_settings
 from planner.sweep.executor import Executor, SweepContext, Todo
+from planner.sweep.fresh import confirm_on_fresh_server
 from planner.sweep.grid import Point, expand, fingerprint
 from planner.sweep.local import LocalExecutor
 from planner.sweep.observer import SweepObserver
 from planner.sweep.outcome import choose_best
 from planner.sweep.point import PointContext, now
 from planner.sweep.predict import should_skip
-from planner.sweep.results import RESULTS_FILE, CorpusInfo, CpuSplitInfo, NotPredicted, PointResult, RunInfo, SweepResults
+from planner.sweep.results import (
+    RESULTS_FILE, CorpusInfo, CpuSplitInfo, FreshServerCheck, NotPredicted, PointResult, RunInfo, SweepResults,
+)
 from planner.sweep.version import probe_version
 from replay.corpus.jsonl import Corpus
+from replay.errors import ReplayError
 
 FINISHED = {"ok", "infeasible", "predicted_infeasible"}
 
@@ -184,4 +188,28 @@ async def _sweep(
             said = next((p.vllm_version for p in ctx.results.points if p.vllm_version), None)
             ctx.results.identity = identity.model_copy(update={"vllm_version": said})
         ctx.save()
+    await _confirm_best(settings, ctx, points)
     return ctx.results
+
+
+async def _confirm_best(settings: SweepSettings, ctx: SweepContext, points: list[Point]) -> None:
+    """[sweep] confirm_fresh_server: the recommended point once more on a fresh server."""
+    best = ctx.results.best
+    if best is None or not settings.sweep.confirm_fresh_server:
+        return
+    result = next(p for p in ctx.results.points if p.id == best.point_id)
+    point = next((p for p in points if p.id == best.point_id), None)
+    if settings.executor.kind != "local" or point is None:
+        ctx.results.fresh_server = FreshServerCheck(
+            point_id=best.point_id, concurrency=result.safe_concurrency or 0,
+            note="the fresh-server confirmation runs with the local executor only",
+        )
+    else:
+        ctx.results.fresh_server = FreshServerCheck(point_id=best.point_id, concurrency=result.safe_concurrency or 0)
+        try:
+            ctx.results.fresh_server = await confirm_on_fresh_server(ctx.shared, point, result, save=ctx.save)
+        except ServerStartFailed as exc:
+            ctx.results.fresh_server.note = f"the fresh server did not start: {exc.failure.message}"
+        except ReplayError as exc:
+            ctx.results.fresh_server.note = f"the fresh server could not be measured: {exc}"
+    ctx.save()

@@ -5,6 +5,7 @@ every step."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from replay.identity import Identity, measured_identity, served_model_files
 from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
 from replay.run.runner import Replay, planned_loads, search_start
 from replay.run.settings import ReplaySettings
-from replay.search.verdicts import binding_constraint, knee
+from replay.search.binding import binding
+from replay.search.verdicts import knee
+from replay.step.environment import WindowProbe
 from replay.step.observer import ReplayObserver
 
 RESULTS_FILE = "replay.json"
@@ -69,9 +72,11 @@ async def find_max(replay: Replay, settings: ReplaySettings, results: ReplayResu
     results.max_passing_concurrency = lo
     results.min_failing_concurrency = hi
     results.unresolved_concurrency = outcome.unresolved
+    results.disturbed_concurrency = outcome.disturbed
     results.budget_exhausted = outcome.budget_exhausted
     cap = "max_concurrency" if hi is None and settings.max_concurrency else None
-    results.binding_constraint = binding_constraint(replay.steps, hi, cap)
+    bound_by = binding(replay.steps, hi, cap)
+    results.binding_constraint, results.binding_undecided = bound_by.constraint, bound_by.undecided
     results.confirmed, results.knee_interval = knee(replay.steps)
 
 
@@ -86,11 +91,14 @@ async def run_replay(
     output_dir: Path | None = None,
     observer: ReplayObserver | None = None,
     identity: Identity | None = None,
+    probes: Callable[[], list[WindowProbe]] | None = None,
 ) -> ReplayResults:
     """`planner replay`: the planned loads, then the search when `settings.find_max`.
 
     `identity` is what the caller knows of the server (the model's files, the hardware); the
-    server's version, the served model, the corpus and the SLOs are filled in here."""
+    server's version, the served model, the corpus and the SLOs are filled in here. `probes`
+    makes what each step's window watches (replay.step.environment; default: the CPUs, with the
+    server's processes unknown)."""
     check_loads(settings, corpus)
     async with settings.client(url, model=model, api_key=api_key, max_connections=pool_size(settings)) as client:
         served = await client.check()
@@ -111,6 +119,7 @@ async def run_replay(
                 slo=slo,
             ),
             find_max=settings.find_max,
+            interference_allowed=settings.allow_interference,
             concurrency_unit="sessions" if corpus.sessions is not None else None,
         )
 
@@ -119,7 +128,7 @@ async def run_replay(
             if output_dir is not None:
                 write_json_atomic(Path(output_dir) / RESULTS_FILE, results.model_dump(mode="json"))
 
-        replay = Replay(client, corpus, settings, slo, observer=observer, on_step=save)
+        replay = Replay(client, corpus, settings, slo, observer=observer, on_step=save, probes=probes)
         save()
         try:
             await replay.run_planned()

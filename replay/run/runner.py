@@ -19,10 +19,11 @@ from replay.load.kinds import Concurrency, Load, PoissonRate, TraceReplay
 from replay.results import StepResult
 from replay.run.settings import ReplaySettings
 from replay.search.eta import search_eta_s
-from replay.search.policy import bracket, next_probe, unresolved
+from replay.search.policy import bracket, disturbed, next_probe, unresolved
 from replay.search.saturation import first_probe, saturation_probe
 from replay.search.verdicts import concurrency_history, probe_of
 from replay.server.metrics import MetricsScraper
+from replay.step.environment import CpuProbe, EnvironmentWatch, WindowProbe
 from replay.step.observer import ReplayObserver
 from replay.step.run import run_step
 from replay.step.window import Window
@@ -63,6 +64,7 @@ class Replay:
         observer: ReplayObserver | None = None,
         on_step: Callable[[StepResult], None] | None = None,
         step_monitor: Callable[[], StepMonitor] | None = None,
+        probes: Callable[[], list[WindowProbe]] | None = None,
     ) -> None:
         self.client = client
         self.corpus = corpus
@@ -71,6 +73,10 @@ class Replay:
         self.observer = observer
         self.on_step = on_step
         self.step_monitor = step_monitor
+        # What each step's window watches (replay.step.environment): the caller's probes (the
+        # server's processes and CPUs), else the CPUs with the server unknown; plus the step
+        # monitor when it is a probe too (the sweep's GPU sampler).
+        self.probes = probes or (lambda: [CpuProbe()])
         # A session corpus is replayed session by session: the load counts users (replay.load.conversation).
         self.cursor = SessionCursor(corpus.sessions) if corpus.sessions is not None else RequestCursor(corpus.requests)
         self.think = ThinkTime(settings.think_time_s, settings.think_time_distribution, settings.seed)
@@ -87,6 +93,10 @@ class Replay:
             self.client.metrics_text, interval_s=self.settings.metrics_interval_s, model=self.client.model
         )
         monitor = self.step_monitor() if self.step_monitor is not None else contextlib.nullcontext()
+        probes = self.probes()
+        if isinstance(monitor, WindowProbe):
+            probes.append(monitor)
+        environment = EnvironmentWatch(probes, self.settings.interference())
         async with monitor:
             result = await run_step(
                 self.client,
@@ -101,6 +111,7 @@ class Replay:
                 slo=self.slo,
                 abort=self.abort,
                 ttft_excess=(self.settings.client_ttft_excess_ms, self.settings.client_ttft_excess_fraction),
+                environment=environment,
             )
         if self.abort.is_set():
             raise StepAborted(f"the step at {load.label()} was aborted: the server went away")
@@ -126,7 +137,8 @@ class Replay:
         outcome = SearchOutcome()
         while (
             n := next_probe(
-                history, start=start, upper=upper, rel_precision=settings.precision, confirm=settings.confirm_knee
+                history, start=start, upper=upper, rel_precision=settings.precision, confirm=settings.confirm_knee,
+                disturbed_retries=settings.disturbed_retries,
             )
         ) is not None:
             window = self.settings.window(self.slo)
@@ -135,7 +147,7 @@ class Replay:
                 outcome.budget_exhausted = True
                 break
             # An unresolved concurrency measured again gets twice the time each time.
-            misses = sum(1 for p in history if p.concurrency == n and not p.informative)
+            misses = sum(1 for p in history if p.concurrency == n and p.verdict == "unresolved")
             if misses:
                 earlier = [s.window_limit_s for s in self.steps if s.load.mode == "concurrency" and int(s.load.value) == n]
                 longest = max((w for w in earlier if w), default=window.max_window_s)
@@ -154,6 +166,7 @@ class Replay:
         b = bracket(history)
         outcome.max_passing, outcome.min_failing = b.max_passing, b.min_failing
         outcome.unresolved = [c for c in unresolved(history) if b.min_failing is None or c < b.min_failing]
+        outcome.disturbed = disturbed(history)
         return outcome
 
 
@@ -163,6 +176,8 @@ class SearchOutcome:
     min_failing: int | None = None
     # Concurrencies that only ever ran out of time (below the lowest failure).
     unresolved: list[int] = field(default_factory=list)
+    # Concurrencies whose every step was disturbed (replay.step.environment).
+    disturbed: list[int] = field(default_factory=list)
     budget_exhausted: bool = False
 
 

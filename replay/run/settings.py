@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from replay.client.streaming import StreamingClient
 from replay.slo import rules as slo_mod
+from replay.step.environment import Interference
 from replay.step.window import Window
 
 
@@ -83,6 +84,21 @@ class ReplaySettings(BaseModel):
     point_budget_s: float | None = Field(default=None, gt=0)
     # Measure the highest passing concurrency again on fresh prompts before reporting it.
     confirm_knee: bool = True
+    # Record what else ran during each step but never call a step disturbed
+    # (replay.step.environment; the results say so).
+    allow_interference: bool = False
+    # A step is disturbed when other processes used more than this share of the server's CPUs
+    # (its CPUs x the window).
+    interference_cpu_share: float = Field(default=0.10, ge=0, le=1)
+    # A step is disturbed when another compute process ran on the point's GPUs.
+    interference_foreign_gpu: bool = True
+    # A step is disturbed when a GPU was throttled (thermal or hardware slowdown) for more than
+    # this share of the window.
+    interference_throttle_share: float = Field(default=0.10, ge=0, le=1)
+    # Count the GPU's software power cap as throttling (a GPU at its power limit under full load).
+    interference_power_cap: bool = False
+    # How many times a disturbed concurrency is measured again before the search stops there.
+    disturbed_retries: int = Field(default=2, ge=0)
     # Merged into every request body (temperature, top_p, ...).
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
@@ -99,6 +115,15 @@ class ReplaySettings(BaseModel):
         if self.min_requests is not None and self.max_requests is not None and self.max_requests < self.min_requests:
             raise ValueError(f"max_requests {self.max_requests} is below min_requests {self.min_requests}")
         return self
+
+    def interference(self) -> Interference:
+        return Interference(
+            cpu_share=self.interference_cpu_share,
+            foreign_gpu_process=self.interference_foreign_gpu,
+            throttle_share=self.interference_throttle_share,
+            power_cap=self.interference_power_cap,
+            allow=self.allow_interference,
+        )
 
     def window(self, slo: Mapping[str, float] | None = None) -> Window:
         min_requests = self.min_requests or slo_mod.min_requests_for(slo or {})

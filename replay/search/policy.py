@@ -32,6 +32,11 @@ failure; the same concurrency is proposed again (the caller gives it a longer wi
 `UNRESOLVED_RETRIES` times, then a higher one, then the search stops and the caller says which
 steps stayed unresolved.
 
+A `disturbed` step (its window saw other processes on the server's CPUs, a foreign process on its
+GPUs, or throttled clocks: replay.step.environment) carries no information either: the same
+concurrency is proposed again up to `disturbed_retries` times, then the search stops there and
+the caller names the disturbed steps. An answer never rests on a disturbed step.
+
 With `confirm`, the highest pass is measured once more before the search ends (the step runner
 takes fresh prompts); if the repeat does not pass, that concurrency now counts as failing, and
 the search goes on below it and confirms again.
@@ -48,6 +53,10 @@ from dataclasses import dataclass, field
 
 # How many times an unresolved concurrency is measured again (each time with a longer window).
 UNRESOLVED_RETRIES = 1
+# How many times a disturbed concurrency is measured again (the caller's default may differ).
+DISTURBED_RETRIES = 2
+# Verdicts that carry no information: the window ran out of time, or something else ran.
+NO_INFORMATION = ("unresolved", "disturbed")
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,7 @@ class Probe:
     """One measured step as the search sees it."""
 
     concurrency: int
-    # "pass", "fail", "inconclusive" (a failure) or "unresolved" (no information).
+    # "pass", "fail", "inconclusive" (a failure), "unresolved" or "disturbed" (no information).
     verdict: str
     # SLO rule -> measured / bound, for rules that bound a figure from above.
     ratios: Mapping[str, float] = field(default_factory=dict)
@@ -66,7 +75,7 @@ class Probe:
 
     @property
     def informative(self) -> bool:
-        return self.verdict != "unresolved"
+        return self.verdict not in NO_INFORMATION
 
 
 History = Sequence["Probe | tuple[int, bool]"]
@@ -105,12 +114,14 @@ def next_probe(
     upper: int | None = None,
     rel_precision: float = 0.05,
     confirm: bool = False,
+    disturbed_retries: int = DISTURBED_RETRIES,
 ) -> int | None:
     """The next concurrency to measure, or None when the search is done.
 
     `history` holds every step so far (Probes, or (concurrency, passed) pairs). `start` is the
     first probe; `upper` caps the search (a capacity bound): when it passes, nothing above it is
-    tried. `confirm`: end only once the highest pass has passed twice.
+    tried. `confirm`: end only once the highest pass has passed twice. A concurrency disturbed
+    more than `disturbed_retries` times ends the search.
     """
     if start < 1:
         raise ValueError("start must be >= 1")
@@ -121,13 +132,27 @@ def next_probe(
         return min(start, upper) if upper is not None else start
     nxt = _narrow(probes, upper, rel_precision)
     if nxt is not None:
-        return _past_unresolved(probes, nxt, upper)
+        return _past_disturbed(probes, _past_unresolved(probes, nxt, upper), disturbed_retries)
     if not confirm:
         return None
     lo = bracket(probes).max_passing
     if lo is not None and not is_confirmed(probes, lo):
-        return _past_unresolved(probes, lo, upper, confirming=True)
+        return _past_disturbed(probes, _past_unresolved(probes, lo, upper, confirming=True), disturbed_retries)
     return None
+
+
+def _past_disturbed(probes: list[Probe], n: int | None, retries: int) -> int | None:
+    """`n`, unless it was disturbed more than `retries` times: then the search stops there."""
+    if n is None:
+        return None
+    return None if sum(1 for p in probes if p.concurrency == n and p.verdict == "disturbed") > retries else n
+
+
+def disturbed(history: History) -> list[int]:
+    """Concurrencies whose every step so far was disturbed (sorted)."""
+    probes = as_probes(history)
+    informed = {p.concurrency for p in probes if p.informative}
+    return sorted({p.concurrency for p in probes if p.verdict == "disturbed"} - informed)
 
 
 def is_confirmed(history: History, concurrency: int) -> bool:
@@ -138,7 +163,7 @@ def unresolved(history: History) -> list[int]:
     """Concurrencies whose every step so far was unresolved (sorted)."""
     probes = as_probes(history)
     informed = {p.concurrency for p in probes if p.informative}
-    return sorted({p.concurrency for p in probes if not p.informative} - informed)
+    return sorted({p.concurrency for p in probes if p.verdict == "unresolved"} - informed)
 
 
 def _past_unresolved(probes: list[Probe], n: int, upper: int | None, *, confirming: bool = False) -> int | None:
@@ -147,7 +172,7 @@ def _past_unresolved(probes: list[Probe], n: int, upper: int | None, *, confirmi
     stops there and the caller names the unresolved steps."""
 
     def misses(c: int) -> int:
-        return sum(1 for p in probes if p.concurrency == c and not p.informative)
+        return sum(1 for p in probes if p.concurrency == c and p.verdict == "unresolved")
 
     if misses(n) <= UNRESOLVED_RETRIES:
         return n
@@ -283,7 +308,7 @@ def knee_interval(verdicts: Sequence[tuple[int, str]]) -> list[int | None]:
     counts only below every step that did not pass (a fail, an inconclusive window, a knee
     confirmation that did not hold): above one, a pass is noise, as it is for the search. An
     unresolved step says nothing either way."""
-    verdicts = [(c, v) for c, v in verdicts if v != "unresolved"]
+    verdicts = [(c, v) for c, v in verdicts if v not in NO_INFORMATION]
     fails = [c for c, v in verdicts if v == "fail"]
     not_passed = [c for c, v in verdicts if v != "pass"]
     below = min(not_passed) if not_passed else None

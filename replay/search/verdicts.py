@@ -1,21 +1,20 @@
 """What a search's finished steps say, read the same way by `planner replay`, the sweep and the
 report: each closed-loop step as the search sees it (its probe), the knee and whether it was
-confirmed, and the constraint that bound the answer."""
+confirmed, and the constraint that bound the answer (replay.search.binding: the rules that failed
+conclusively, the undecided ones apart)."""
 
 from __future__ import annotations
 
 from replay.results import StepResult
+from replay.search.binding import binding
 from replay.search.policy import Probe, bracket, is_confirmed, knee_interval
 from replay.slo import rules as slo_mod
 
 
 def binding_constraint(steps: list[StepResult], min_failing: int | None, reached_cap: str | None) -> str | None:
-    """What stopped the search: the SLOs the lowest failing step broke, or the cap it hit."""
-    if min_failing is not None:
-        for step in steps:
-            if step.load.mode == "concurrency" and int(step.load.value) == min_failing and not step.slo_pass:
-                return ",".join(step.slo_violations) or None
-    return reached_cap
+    """What stopped the search: the SLOs the lowest failing step broke conclusively, or the cap it
+    hit (replay.search.binding; the rules undecided there are `binding(...).undecided`)."""
+    return binding(steps, min_failing, reached_cap).constraint
 
 
 def probe_of(step: StepResult, slo: dict[str, float] | None = None) -> Probe:
@@ -23,6 +22,9 @@ def probe_of(step: StepResult, slo: dict[str, float] | None = None) -> Probe:
     steps without a verdict, from older files, count by slo_pass) and, with the SLOs, each rule's
     measured / bound."""
     verdict = step.slo_verdict or ("pass" if step.slo_pass else "fail")
+    if step.disturbed:
+        # Something else ran during the window: no information, like an unresolved step.
+        verdict = "disturbed"
     return Probe(int(step.load.value), verdict, slo_mod.ratios(step, slo) if slo else {})
 
 
@@ -37,9 +39,5 @@ def knee(steps: list[StepResult]) -> tuple[bool, list[int | None]]:
     count by slo_pass."""
     history = concurrency_history(steps)
     lo = bracket(history).max_passing
-    verdicts = [
-        (int(s.load.value), s.slo_verdict or ("pass" if s.slo_pass else "fail"))
-        for s in steps
-        if s.load.mode == "concurrency"
-    ]
+    verdicts = [(p.concurrency, p.verdict) for p in history]
     return (lo is not None and is_confirmed(history, lo)), knee_interval(verdicts)

@@ -16,6 +16,7 @@ from replay.server.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross
 from replay.server.metrics import MetricsScraper, Sample
 from replay.server.metrics import summarize as summarize_server
 from replay.slo import rules as slo_mod
+from replay.slo.exceedance import exceedance_tests
 from replay.step.figures import build_result, client_summary, latency_samples, steady_records
 
 
@@ -95,10 +96,12 @@ def client_finished(records: StepRecords, metrics: MetricSnapshots | None) -> in
 
 
 def slo_fields(result: StepResult, records: StepRecords, slo: dict[str, float], max_requests: int | None) -> dict:
-    """The step's verdicts: each rule's, and the step's. A window that ran out of time before its
-    bounds were finite, with nothing shown broken, is unresolved rather than failed."""
+    """The step's verdicts: each rule's, and the step's, and the test that passed each percentile
+    rule (replay.slo.exceedance). A window that ran out of time before its bounds were finite,
+    with nothing shown broken, is unresolved rather than failed."""
     spec = records.load.spec()
-    rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(list(records.measured), spec))
+    samples = latency_samples(list(records.measured), spec)
+    rule_verdicts, unverified = slo_mod.verdicts(result, slo, samples)
     verdict = slo_mod.step_verdict(rule_verdicts)
     if records.closed_by in ("time", "budget") and verdict != "pass":
         if slo_mod.only_short_of_time(result, slo, rule_verdicts, max_requests):
@@ -110,6 +113,7 @@ def slo_fields(result: StepResult, records: StepRecords, slo: dict[str, float], 
         slo_unverified=unverified,
         slo_verdict=verdict,
         slo_verdicts=rule_verdicts,
+        slo_exceedance=exceedance_tests(samples, slo, rule_verdicts),
         slo_views={key: slo_mod.view(key) for key in slo},
     )
 

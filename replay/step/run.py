@@ -5,7 +5,9 @@ Three parts, each in its own place:
   or trace schedule; a session corpus's arrivals are whole conversations, replay.load.conversation);
 - when to stop: the window (replay.step.window), fed every finished request and a clock tick;
 - what it measured: one pure function of the records, vLLM's metric snapshots and the SLOs
-  (replay.step.result).
+  (replay.step.result);
+- what else ran: the environment watch (replay.step.environment), told when the window opens and
+  closes, judges afterwards whether other processes disturbed the step.
 
 This module wires them: it sends each request through the client, accounts it to the window and
 the observer, and scrapes /metrics around the window.
@@ -24,9 +26,10 @@ from replay.load.conversation import SessionRunner, ThinkTime
 from replay.load.drivers import RequestCursor, drive
 from replay.load.kinds import Load
 from replay.records import RequestRecord
-from replay.results import StepResult
+from replay.results import StepResult, updated
 from replay.server.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS
 from replay.server.metrics import MetricsScraper
+from replay.step.environment import EnvironmentWatch
 from replay.step.observer import Observers, ReplayObserver
 from replay.step.result import MetricSnapshots, StepRecords, step_result
 from replay.step.window import Window, WindowState, gauges_broke, slo_judge, watch
@@ -78,19 +81,23 @@ async def _loop_lag(lags: list[float], stop: asyncio.Event, clock: Callable[[], 
 
 def window_state(
     load: Load, window: Window, stop_sending: asyncio.Event, scraper: MetricsScraper | None,
-    slo: dict[str, float] | None, started_s: float,
+    slo: dict[str, float] | None, started_s: float, environment: EnvironmentWatch | None = None,
 ) -> WindowState:
-    """The step's window, wired to stop the sending and to snapshot vLLM's histograms the moment
-    it opens and closes."""
+    """The step's window, wired to stop the sending, to snapshot vLLM's histograms and to tell
+    the environment watch the moment it opens and closes."""
 
     def window_opened() -> None:
         if scraper is not None:
             scraper.mark("start")
+        if environment is not None:
+            environment.window_opened()
 
     def window_closed() -> None:
         stop_sending.set()
         if scraper is not None:
             scraper.mark("end")
+        if environment is not None:
+            environment.window_closed()
 
     state = WindowState(
         warmup=window.warmup_for(load),
@@ -147,6 +154,7 @@ async def run_step(
     abort: asyncio.Event | None = None,
     ttft_excess: tuple[float, float] = (TTFT_EXCESS_MS, TTFT_EXCESS_FRACTION),
     clock: Callable[[], float] = time.perf_counter,
+    environment: EnvironmentWatch | None = None,
 ) -> StepResult:
     """Run one step and return its result. `requests` is the corpus (trace replay needs it whole).
 
@@ -156,6 +164,9 @@ async def run_step(
     Setting `abort` stops sending at once and closes the window; requests in flight end by
     themselves (they are not cancelled: cancelling a connect midway leaks its socket).
 
+    `environment` (replay.step.environment) is told when the window opens and closes, and the
+    result keeps what it saw and whether that disturbed the step.
+
     `clock` must be the one the client stamps its records with (perf_counter for the real one; a
     test's virtual clock for a test's sender).
     """
@@ -163,7 +174,7 @@ async def run_step(
     obs.step_started(load.spec())
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     stop_sending = asyncio.Event()
-    state = window_state(load, window, stop_sending, scraper, slo, clock())
+    state = window_state(load, window, stop_sending, scraper, slo, clock(), environment)
     path = RequestPath(client, state, obs)
     runner = SessionRunner(path.send, think or ThinkTime(), stop_sending, clock) if sessions is not None else None
     loop_lags: list[float] = []
@@ -184,5 +195,8 @@ async def run_step(
     result = step_result(
         records, metrics, slo, max_requests=window.max_requests, sessions=runner, ttft_excess=ttft_excess
     )
+    if environment is not None:
+        seen, disturbed = environment.judge()
+        result = updated(result, environment=seen, disturbed=disturbed)
     obs.step_finished(result)
     return result

@@ -25,6 +25,14 @@ from tests.e2e.support import (
 )
 
 
+@pytest.fixture(autouse=True)
+def interference_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the planner against real vLLM, often on a machine that runs other tests
+    beside them: what else runs is recorded but does not make a step disturbed
+    (replay.step.environment, docs/concepts/environment.md)."""
+    monkeypatch.setenv("PLANNER_REPLAY__ALLOW_INTERFERENCE", "true")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_cpu_kv_space_from_the_shell() -> Iterator[None]:
     # Measured on vLLM 0.32: VLLM_CPU_KVCACHE_SPACE overrides --kv-cache-memory-bytes (with both,

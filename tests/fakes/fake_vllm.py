@@ -44,7 +44,9 @@ passes up to C = (X / itl_s - 1) / growth, the known answer a sweep's search mus
 Other knobs: FAKE_VLLM_STARTUP_S (seconds before the port opens); FAKE_VLLM_DIE_AFTER_S (after
 ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)); FAKE_VLLM_DIE_AFTER_REQUESTS
 (the same once N completion requests have arrived: unlike a time, independent of machine load);
-FAKE_VLLM_IGNORE_SIGTERM=1 (both processes ignore SIGTERM, so only SIGKILL stops them).
+FAKE_VLLM_IGNORE_SIGTERM=1 (both processes ignore SIGTERM, so only SIGKILL stops them);
+FAKE_VLLM_STARTS_FILE with FAKE_VLLM_SLOWER_FROM_START = "N:F" (each start adds a line to the file;
+from the Nth start on, inter-token latency is F times longer: an answer that depends on one start).
 
 Across nodes (--nnodes N, vLLM's multiprocessing backend): tensor x pipeline parallel size must
 divide by N, and each node needs its share of the GPUs. Rank 0 listens on --master-addr:--master-port
@@ -203,6 +205,19 @@ while time.monotonic() - started < {ENGINE_MAX_LIFE_S}:
 """
     # Same process group as this one (no new session): the group is what the launcher stops.
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+
+
+def _start_factor() -> float:
+    """FAKE_VLLM_SLOWER_FROM_START = "N:F": F from the Nth start counted in FAKE_VLLM_STARTS_FILE."""
+    path, rule = os.environ.get("FAKE_VLLM_STARTS_FILE"), os.environ.get("FAKE_VLLM_SLOWER_FROM_START")
+    if not path or not rule:
+        return 1.0
+    with open(path, "a+") as f:
+        f.write("start\n")
+        f.seek(0)
+        starts = len(f.read().splitlines())
+    nth, factor = rule.split(":")
+    return float(factor) if starts >= int(nth) else 1.0
 
 
 def _env_float(name: str, default: float) -> float:
@@ -463,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
 
         behavior = Behavior(
             ttft_s=_env_float("FAKE_VLLM_TTFT_S", 0.02),
-            itl_s=_env_float("FAKE_VLLM_ITL_S", 0.01),
+            itl_s=_env_float("FAKE_VLLM_ITL_S", 0.01) * _start_factor(),
             ttft_growth_per_running=_env_float("FAKE_VLLM_TTFT_GROWTH", 0.05),
             itl_growth_per_running=_env_float("FAKE_VLLM_ITL_GROWTH", 0.1),
             max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,

@@ -20,6 +20,14 @@ from tests.integration.stopping import terminate_and_wait
 READY_TIMEOUT_S = 15.0
 
 
+@pytest.fixture(autouse=True)
+def interference_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the planner's logic against fakes on a machine other tests share: what
+    else runs there is recorded but does not make a step disturbed (replay.step.environment). The
+    tests of interference itself take this back with monkeypatch.delenv."""
+    monkeypatch.setenv("PLANNER_REPLAY__ALLOW_INTERFERENCE", "true")
+
+
 @pytest.fixture
 def closed_port() -> int:
     """A loopback port that was free a moment ago, so a connect there is refused."""

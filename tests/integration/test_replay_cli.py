@@ -111,3 +111,52 @@ def test_ctrl_c_or_sigterm_keeps_the_finished_steps(tmp_path, spawn_fake_server,
     results = ReplayResults.model_validate_json((out / "replay.json").read_text())
     assert results.interrupted
     assert 2 <= len(results.steps) < 8
+
+
+@pytest.mark.timeout(120)
+def test_a_loopback_server_is_found_by_its_port_and_each_step_records_its_environment(tmp_path, spawn_fake_server, capsys):
+    from planner import quiet
+
+    url = spawn_fake_server("--itl-s", "0.005", "--ttft-s", "0.005")
+    where = quiet.locate_server(url)
+    assert len(where.pids) == 1 and b"openai_server.py" in Path(f"/proc/{where.pids[0]}/cmdline").read_bytes()
+    out = tmp_path / "out"
+    code = main([
+        "replay", "--prompts", str(corpus(tmp_path)), "--url", url, "--concurrency", "2", "--min-requests", "20",
+        "--slo", "error_rate=0", "--output", str(out),
+    ])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("the machine is ")
+    results = ReplayResults.model_validate_json((out / "replay.json").read_text())
+    (step,) = results.steps
+    cpu = step.environment.cpu
+    # The server's own process was told apart from the others: it streamed every token.
+    assert cpu.server_cpu_s is not None and cpu.server_cpu_s > 0 and cpu.other_share_server_cpus is not None
+    assert cpu.load_avg_1m is not None and cpu.steal_share is not None
+    # The conftest allows interference on this shared machine: recorded, said, never flagged.
+    assert results.interference_allowed and step.disturbed == []
+    assert "interference allowed (--allow-interference)" in printed
+
+
+@pytest.mark.timeout(60)
+def test_require_quiet_stops_before_the_load_on_a_busy_machine(tmp_path, spawn_fake_server, capsys):
+    url = spawn_fake_server("--itl-s", "0.005", "--ttft-s", "0.005")
+    # A process spinning on every CPU this test may use: more than 10% of them, whatever else runs.
+    spin = "while True: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in os.sched_getaffinity(0)]
+    try:
+        time.sleep(0.3)
+        code = main([
+            "replay", "--prompts", str(corpus(tmp_path)), "--url", url, "--concurrency", "1", "--min-requests", "20",
+            "--require-quiet", "--output", str(tmp_path / "out"),
+        ])
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--require-quiet: the machine is busy: load average" in err and "busiest: " in err
+    # Nothing was sent: no results were written.
+    assert not (tmp_path / "out" / "replay.json").exists()

@@ -81,8 +81,13 @@ def test_sweep_finds_the_known_answer_and_classifies_the_infeasible_point(tmp_pa
 
     assert results.best.point_id == big.id
     assert "kv_too_small" in results.best.others[small.id]
+    # Measured once more on a fresh server at the safe concurrency, it held.
+    assert results.fresh_server.point_id == big.id and results.fresh_server.concurrency == 4
+    assert results.fresh_server.held is True and results.fresh_server.searched_again is None
     printed = capsys.readouterr().out
     assert "recommended: " + big.id in printed
+    # The machine was looked at before the first server started.
+    assert printed.startswith("the machine is ")
     assert fake_vllm_processes(cfg) == []
 
     # What it measured is recorded beside the settings.
@@ -246,3 +251,30 @@ def test_a_point_across_nodes_is_refused_by_a_local_sweep_without_a_launch(tmp_p
     )
     assert point.command == [] and not (out / "points").exists()
     assert code == 0, "the sweep ran; its verdict is that no configuration passed"
+
+
+@pytest.mark.timeout(300)
+def test_an_answer_that_does_not_hold_on_a_fresh_server_is_searched_again(tmp_path, capsys):
+    # From the second start on (the fresh server), ITL doubles: TPOT at the safe 4 is about
+    # 80 ms x (1 + 0.5 x 4) = 240 ms against 150, and the new search passes only 1.
+    starts = tmp_path / "starts"
+    cfg = write_config(
+        tmp_path, kv_bytes=["4M"],
+        extra_env={"FAKE_VLLM_STARTS_FILE": str(starts), "FAKE_VLLM_SLOWER_FROM_START": "2:2"},
+    )
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    results = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    (point,) = results.points
+    assert point.max_passing_concurrency == 5 and point.safe_concurrency == 4
+    check = results.fresh_server
+    assert check.point_id == point.id and check.concurrency == 4 and check.held is False
+    assert [int(s.load.value) for s in check.steps] == [4] and check.steps[0].slo_violations == ["tpot_p50_ms"]
+    again = check.searched_again
+    assert again.id == f"{point.id}-fresh" and again.status == "ok" and again.max_passing_concurrency == 1
+    assert (out / "points" / point.id / "fresh-server.log").exists() and (out / "points" / again.id / "server.log").exists()
+    assert len(starts.read_text().splitlines()) == 3
+    line = f"fresh-server confirmation of {point.id}: did NOT hold (4 in flight on a fresh server failed tpot_p50_ms)"
+    assert line in capsys.readouterr().out
+    assert "- F" + line[1:] in (out / "report.md").read_text()
+    assert fake_vllm_processes(cfg) == []

@@ -102,11 +102,11 @@ def _step(concurrency: int, tpot_p50: float, ci: list[float | None], tokens_per_
     )
 
 
-def _point(pid: str, config: dict, *, knee=(8, 9), confirmed=True, status="ok", steps=(), gpus=1) -> PointResult:
+def _point(pid: str, config: dict, *, knee=(8, 9), confirmed=True, status="ok", steps=(), gpus=1, **more) -> PointResult:
     return PointResult(
         id=pid, config=config, command=["vllm"], status=status, fingerprint=pid, steps=list(steps), gpus=gpus,
         max_passing_concurrency=knee[0], min_failing_concurrency=knee[1], safe_concurrency=knee[0],
-        knee_interval=list(knee), confirmed=confirmed,
+        knee_interval=list(knee), confirmed=confirmed, **more,
     )  # fmt: skip
 
 
@@ -301,3 +301,17 @@ def test_against_a_file_from_before_identities_only_what_both_say_is_compared(tm
     # Hardware, flags, env and the planner's version are unknown in the old file: not changes.
     assert c.identity_changes == ["corpus unchanged"]
     assert not c.base_identity_recorded and c.new_identity_recorded
+
+
+def test_what_bound_each_search_is_compared_with_the_undecided_rules_apart(tmp_path, capsys):
+    base = _sweep(tmp_path, "a", [_point("p0", {}, knee=(31, 32), binding_constraint="tpot_p50_ms")])
+    new = _sweep(tmp_path, "b", [_point(
+        "p0", {}, knee=(20, 21), binding_constraint="kv_cache_usage_max",
+        binding_undecided=["tpot_p50_ms: undecided after 13 requests"],
+    )])
+    assert main(["compare", str(base), str(new), "--no-plots", "--output", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "knee [31, 32] -> [20, 21], bound by tpot_p50_ms -> kv_cache_usage_max"
+        " (undecided there: tpot_p50_ms: undecided after 13 requests))"
+    ) in out
