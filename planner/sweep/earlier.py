@@ -24,6 +24,10 @@ from planner.sweep.results import SweepResults
 RESTART_HINT = "run again with --restart to start over (it moves this file aside, deleting nothing)"
 
 
+def _notice(line: str) -> None:
+    print(f"planner sweep: {line}", file=sys.stderr, flush=True)
+
+
 class EarlierUnreadable(ConfigError):
     """The folder's sweep.json cannot be resumed from."""
 
@@ -58,6 +62,18 @@ def read_earlier(path: Path) -> SweepResults | None:
         ) from None
 
 
+def remove_stale_temporaries(path: Path, *, notice=_notice) -> list[Path]:
+    """The half-written temporaries of `path` (replay.atomic's `.NAME.*.tmp`) that a writer killed
+    mid-write left beside it. Called with the folder's lock held, so no live writer owns them; the
+    file they were to replace is whole."""
+    stale = sorted(path.parent.glob(f".{path.name}.*.tmp"))
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    if stale:
+        notice(f"removed {len(stale)} half-written temporary file(s) of {path.name} left by a killed sweep")
+    return stale
+
+
 def _aside_name(path: Path, why: str) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     candidate = path.with_name(f"{path.stem}.{why}-{stamp}{path.suffix}")
@@ -66,10 +82,6 @@ def _aside_name(path: Path, why: str) -> Path:
         n += 1
         candidate = path.with_name(f"{path.stem}.{why}-{stamp}-{n}{path.suffix}")
     return candidate
-
-
-def _notice(line: str) -> None:
-    print(f"planner sweep: {line}", file=sys.stderr, flush=True)
 
 
 def set_aside(path: Path, *, notice=_notice) -> Path | None:

@@ -12,6 +12,7 @@ from planner.estimate import Estimate
 from replay import slo as slo_mod
 from replay.errors import SloSpecError
 from replay.identity import Identity
+from planner.sweep.disk import NO_SPACE, ResultsNotWritten
 from replay.results import StepResult, write_json_atomic
 
 RESULTS_FILE = "sweep.json"
@@ -241,4 +242,13 @@ class SweepResults(_Model):
 
 
 def write_results(output_dir: Path, results: SweepResults) -> None:
-    write_json_atomic(output_dir / RESULTS_FILE, results.model_dump(mode="json"))
+    """Rewrite sweep.json atomically; a full disk raises ResultsNotWritten (planner.sweep.disk) and
+    leaves the previous file as it was."""
+    path = output_dir / RESULTS_FILE
+    data = results.model_dump(mode="json")
+    try:
+        write_json_atomic(path, data)
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise ResultsNotWritten.no_space(path, data, exc) from None

@@ -14,7 +14,7 @@ from planner.capacity import Failure
 from planner.estimate import Estimate
 from planner.identity import server_identity
 from planner.sweep.config import SweepSettings, public_settings
-from planner.sweep.earlier import keep_partial, read_earlier, set_aside
+from planner.sweep.earlier import keep_partial, read_earlier, remove_stale_temporaries, set_aside
 from planner.sweep.executor import Executor, SweepContext, Todo
 from planner.sweep.grid import Point, expand, fingerprint
 from planner.sweep.local import LocalExecutor
@@ -77,6 +77,7 @@ async def run_sweep(
     time writes into `output_dir` (planner.sweep.lock); --restart moves its earlier sweep.json aside."""
     output_dir = Path(output_dir)
     with SweepLock(output_dir):
+        remove_stale_temporaries(output_dir / RESULTS_FILE)
         if restart:
             set_aside(output_dir / RESULTS_FILE)
         elif resume and (earlier := read_earlier(output_dir / RESULTS_FILE)) is not None:
