@@ -126,6 +126,8 @@ class PointResult(_Model):
     kv_cache_tokens_predicted: int | None = None
     kv_cache_tokens_relative_error: float | None = None
     log_path: str | None = None
+    # What happened to the point without ending it (metrics_lost: ..., see docs/reference/faults.md).
+    notes: list[str] = Field(default_factory=list)
 
 
 class Best(_Model):

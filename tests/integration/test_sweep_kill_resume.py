@@ -20,7 +20,7 @@ from planner.cli import main
 from planner.sweep.lock import LOCK_FILE
 from planner.sweep.results import SweepResults
 from tests.fakes.sweep_files import ROOT
-from tests.integration.sweep_faults import fake_vllm_processes, wait_until_gone, write_fault_config
+from tests.fakes.fault_sweeps import fake_vllm_processes, wait_until_gone, write_fault_config
 from tests.integration.stopping import reap
 
 FINISHED = {"ok", "infeasible", "predicted_infeasible"}

@@ -1,4 +1,4 @@
-"""What the fault tests share: a quick sweep of the fake vLLM, and the process table."""
+"""What the fault tests and benchmarks/soak.py share: a quick sweep of the fake vLLM, and the process table."""
 
 from __future__ import annotations
 
