@@ -29,7 +29,7 @@ LOCK_FILE = ".sweep.lock"
 
 
 class SweepLocked(PlannerError):
-    """Another sweep, still running, holds the results folder."""
+    """Another sweep, still running, holds the results folder (or the folder cannot be locked)."""
 
 
 def _notice(line: str) -> None:
@@ -54,7 +54,10 @@ class SweepLock:
     def __enter__(self) -> SweepLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise SweepLocked(f"{self.path}: cannot create the results folder's lock file: {exc.strerror}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -67,6 +70,14 @@ class SweepLock:
                 raise SweepLocked(
                     f"{self.path.parent}: another sweep ({who}) is writing results into this folder (lock file"
                     f" {self.path}); wait for it to end, stop it, or give another --output"
+                ) from None
+            except OSError as exc:
+                # A filesystem without locks (an NFS mount with nolock, say): one sweep per folder
+                # cannot be kept, and two would overwrite each other's results.
+                os.close(fd)
+                raise SweepLocked(
+                    f"{self.path}: cannot lock the results folder: {exc.strerror}; give an --output on a filesystem"
+                    " that supports file locks"
                 ) from None
             # The holder before us may have removed the file between our open and our lock: a lock
             # on a file no longer at the path guards nothing, so open the path again.
