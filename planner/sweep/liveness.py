@@ -81,6 +81,11 @@ class Liveness:
         self._stalled = 0
         self._stall = asyncio.Event()
 
+    @property
+    def stalled(self) -> bool:
+        """Whether the requests seen so far add up to stalled streams (the watch checks /health)."""
+        return self._stall.is_set()
+
     # --- replay observer: counting stalled requests ------------------------------------------
 
     def request_finished(self, record: RequestRecord, *, measured: bool) -> None:
