@@ -36,7 +36,8 @@ from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
 
 PROBE_INTERVAL_S = 2.0
-HEALTH_TIMEOUT_S = 5.0
+# Generous: a vLLM API server under thousands of streams answers /health late, not never.
+HEALTH_TIMEOUT_S = 10.0
 HEALTH_FAILURES = 3
 STALLED_REQUESTS = 3
 
