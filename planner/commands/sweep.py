@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="reuse finished points whose fingerprint is unchanged")
     p.add_argument(
         "--restart", action="store_true",
-        help="start over in a folder that holds results: its sweep.json is moved aside (renamed, not deleted)",
+        help="start over in a folder that holds results: its sweep.json is moved aside (renamed, not deleted;"
+        " a sweep without --resume does the same)",
     )  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the expanded grid, each command and its expected duration; start nothing")
     p.add_argument(

@@ -84,14 +84,21 @@ def _aside_name(path: Path, why: str) -> Path:
     return candidate
 
 
-def set_aside(path: Path, *, notice=_notice) -> Path | None:
-    """--restart: move the folder's sweep.json aside (renamed beside it, kept whole); None when
-    there was none."""
+def set_aside(path: Path, *, restart: bool = True, notice=_notice) -> Path | None:
+    """Move the folder's sweep.json aside (renamed beside it, kept whole) before a sweep starts
+    over: asked for with --restart, or a sweep without --resume into a folder that holds one (it
+    would otherwise overwrite it at its first save). None when there was none."""
     if not path.exists():
         return None
-    aside = _aside_name(path, "restarted")
+    aside = _aside_name(path, "restarted" if restart else "replaced")
     path.rename(aside)
-    notice(f"--restart: the earlier results are kept as {aside}; this sweep starts over")
+    if restart:
+        notice(f"--restart: the earlier results are kept as {aside}; this sweep starts over")
+    else:
+        notice(
+            f"{path} held an earlier sweep's results, kept as {aside}; this sweep starts over"
+            " (--resume continues an earlier sweep instead)"
+        )
     return aside
 
 

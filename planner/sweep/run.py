@@ -74,14 +74,17 @@ async def run_sweep(
     restart: bool = False,
 ) -> SweepResults:
     """Run every point of the grid (or reuse it with --resume) and choose the best. One sweep at a
-    time writes into `output_dir` (planner.sweep.lock); --restart moves its earlier sweep.json aside."""
+    time writes into `output_dir` (planner.sweep.lock); without --resume, its earlier sweep.json is
+    moved aside (planner.sweep.earlier), never overwritten."""
     output_dir = Path(output_dir)
     with SweepLock(output_dir):
         remove_stale_temporaries(output_dir / RESULTS_FILE)
-        if restart:
-            set_aside(output_dir / RESULTS_FILE)
-        elif resume and (earlier := read_earlier(output_dir / RESULTS_FILE)) is not None:
-            keep_partial(output_dir / RESULTS_FILE, earlier, FINISHED)
+        if resume:
+            if (earlier := read_earlier(output_dir / RESULTS_FILE)) is not None:
+                keep_partial(output_dir / RESULTS_FILE, earlier, FINISHED)
+        else:
+            # Nothing measured is overwritten: an earlier sweep.json is moved aside.
+            set_aside(output_dir / RESULTS_FILE, restart=restart)
         executor = _executor(settings)
         try:
             return await _sweep(settings, corpus, output_dir, resume, observers, predict, cpus, executor)

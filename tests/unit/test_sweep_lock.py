@@ -125,3 +125,18 @@ def test_resume_from_a_corrupt_file_stops_in_one_line_and_restart_moves_it_aside
     assert aside.read_text() == '{"schema_version": 3, "points": [' and not (out / "sweep.json").exists()
     assert notices == [f"--restart: the earlier results are kept as {aside}; this sweep starts over"]
     assert set_aside(out / "sweep.json") is None
+
+
+def test_a_sweep_without_resume_moves_an_earlier_sweep_json_aside_rather_than_overwrite_it(tmp_path):
+    (tmp_path / "sweep.json").write_text("{}")
+    notices: list[str] = []
+    aside = set_aside(tmp_path / "sweep.json", restart=False, notice=notices.append)
+    assert aside.name.startswith("sweep.replaced-") and aside.read_text() == "{}"
+    assert notices == [
+        f"{tmp_path / 'sweep.json'} held an earlier sweep's results, kept as {aside}; this sweep starts over"
+        " (--resume continues an earlier sweep instead)"
+    ]
+    # Twice in one second: a second name, never the first file overwritten.
+    (tmp_path / "sweep.json").write_text("[]")
+    again = set_aside(tmp_path / "sweep.json", restart=False, notice=notices.append)
+    assert again != aside and again.read_text() == "[]" and aside.read_text() == "{}"
