@@ -29,7 +29,10 @@ def _size(n: int) -> str:
 
 
 class ResultsNotWritten(PlannerError):
-    """The results file could not be written; the previous one is intact."""
+    """The results file could not be written for want of space (ENOSPC, or a spent quota); the
+    message names it, the free space and the size it needs. The previous file is intact.
+
+    What to do: make room on that filesystem, then run the same command with --resume."""
 
     @classmethod
     def no_space(cls, path: Path, data: Any, exc: OSError) -> ResultsNotWritten:

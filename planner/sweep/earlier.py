@@ -29,7 +29,11 @@ def _notice(line: str) -> None:
 
 
 class EarlierUnreadable(ConfigError):
-    """The folder's sweep.json cannot be resumed from."""
+    """The folder's sweep.json cannot be resumed from: not UTF-8, not JSON, or not a sweep's
+    results; the message names the byte (or the field) where it stops being readable.
+
+    What to do: repair the file by hand, or run again with --restart, which moves it aside
+    (renamed sweep.restarted-STAMP.json, deleting nothing) and runs every point."""
 
 
 def read_earlier(path: Path) -> SweepResults | None:

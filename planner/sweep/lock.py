@@ -29,7 +29,12 @@ LOCK_FILE = ".sweep.lock"
 
 
 class SweepLocked(PlannerError):
-    """Another sweep, still running, holds the results folder (or the folder cannot be locked)."""
+    """Another sweep, still running, holds the results folder (its pid is in the message), or the
+    folder cannot hold or lock its lock file (.sweep.lock).
+
+    What to do: wait for that sweep to end, stop it, or give another --output; for a folder that
+    cannot be locked, give an --output on a filesystem with file locks. A lock left by a sweep
+    that died is taken over by itself, with a message."""
 
 
 def _notice(line: str) -> None:
