@@ -19,6 +19,8 @@ FailureKind = Literal[
     "bad_flag",
     "timeout",
     "crashed",
+    # Another process held the server's port when it bound it (a sweep starts it again elsewhere).
+    "port_taken",
     # During the replay (status "failed"): the server died or stopped answering.
     "server_died",
     # The server's process was killed by the kernel's OOM killer (SIGKILL, and the cgroup counted it).

@@ -29,6 +29,10 @@ SUGGESTIONS: dict[str, str] = {
     "bad_flag": "a flag is not accepted by this vLLM version; check the log tail and `vllm serve --help`",
     "timeout": "the server was not ready in time; raise the start-up timeout or check the log for a stall",
     "crashed": "the server exited during start-up; the log tail holds the cause",
+    "port_taken": (
+        "another process took the server's port before it could bind it, on every try; leave [server] port"
+        " unset (a free one is chosen per start) or free the port, then --resume"
+    ),
     "server_died": (
         "the server died or stopped answering during the replay; check the log, and lower the "
         "concurrency ceiling or --gpu-memory-utilization"

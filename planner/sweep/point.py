@@ -61,6 +61,9 @@ from replay.tokens import TOKENIZE_WORKERS, prompt_blocks, token_counts
 # Saves the point's result where its sweep keeps it (sweep.json, or the driver across Ray).
 Save = Callable[[], None]
 
+# Starts of a point's server when the port chosen for it is taken before the server binds it.
+PORT_ATTEMPTS = 3
+
 
 @dataclass
 class PointContext:
@@ -194,12 +197,28 @@ class PointRunner:
         r.status = "running"
         self.oom_kills_at_start = oom_kills()
         self.save()
+        # A port the launcher chose can be taken by another process before the server binds it:
+        # the server is started again on a port chosen afresh (not when [server] port fixes it).
+        attempts = 1 if self.ctx.settings.server.port else PORT_ATTEMPTS
         try:
-            async with server:
-                r.capacity = server.capacity
-                r.vllm_version = server.vllm_version
-                r.command = server.command_for_record
-                await self._measure(server)
+            for attempt in range(attempts):
+                if attempt:
+                    server = self._server()
+                    r.command = server.command_for_record
+                try:
+                    async with server:
+                        r.capacity = server.capacity
+                        r.vllm_version = server.vllm_version
+                        r.command = server.command_for_record
+                        await self._measure(server)
+                    break
+                except ServerStartFailed as exc:
+                    if exc.failure.kind != "port_taken" or attempt + 1 == attempts:
+                        raise
+                    r.notes.append(
+                        f"port_taken: another process held port {server.port} when the server bound it; started"
+                        " again on another port"
+                    )
         except ServerStartFailed as exc:
             r.status = ended_status(exc.failure)
             r.failure = exc.failure
