@@ -45,6 +45,9 @@ ERROR_BODY_MAX_BYTES = 4096
 DETAIL_MAX_CHARS = 200
 # Spare connections beside the load's, so /metrics scrapes never wait for a request to finish.
 METRICS_CONNECTIONS = 4
+# A /metrics answer takes milliseconds; one that takes longer than this is given up and noted, and
+# the next scrape goes out (the connect is tried again as any other, so at most about 3 x this).
+METRICS_TIMEOUT_S = 5.0
 
 
 class CorpusRequestLike(Protocol):
@@ -389,12 +392,14 @@ class StreamingClient:
             raise ServerError(f"{self.base_url} has no /tokenize endpoint (it is not vLLM?); cannot count tokens")
         return self._json(resp, f"tokenizing request {request.id!r}")
 
-    async def metrics_text(self) -> str | None:
+    async def metrics_text(self, timeout_s: float = METRICS_TIMEOUT_S) -> str | None:
         """GET /metrics as Prometheus text; None when the server has none (any answer but 200).
 
         A transport error (a time-out on a saturated server, say) is raised, so that the scraper
-        notes what failed instead of calling the server one without metrics."""
-        resp = await self.http.get("/metrics")
+        notes what failed instead of calling the server one without metrics. The time-out is the
+        scrape's own, not the requests': a scrape stuck for a generation's length would leave a
+        whole window without a sample."""
+        resp = await self.http.get("/metrics", timeout=timeout_s)
         return resp.text if resp.status_code == 200 else None
 
     async def version(self) -> str | None:

@@ -59,11 +59,16 @@ def parse_sample(text: str, t_s: float) -> Sample | None:
     )
 
 
-def summarize(samples: list[Sample], window_start_s: float, window_end_s: float, note: str | None) -> ServerSummary:
+def summarize(
+    samples: list[Sample], window_start_s: float, window_end_s: float, note: str | None, *, max_edge_gap_s: float | None = None
+) -> ServerSummary:
     """Peaks over the window; preemptions as the counter's change across it.
 
     The last sample before the window opens is the counter's baseline, so preemptions that
-    happened during warm-up are not charged to the window.
+    happened during warm-up are not charged to the window. A sample outside the window counts
+    only within `max_edge_gap_s` of its edge: the scrape before a long warm-up, or after the
+    drain, says nothing of the window. When no sample is inside or near the window, the peaks are
+    unknown (None, `window_sampled` false, and the note says why), never read as 0.
     """
     if not samples:
         return ServerSummary(metrics_available=False, metrics_note=note or "no vllm:* metrics at /metrics")
@@ -73,7 +78,16 @@ def summarize(samples: list[Sample], window_start_s: float, window_end_s: float,
     # than the scrape interval still has samples around it.
     first_t = before[-1].t_s if before else samples[0].t_s
     last_t = after[0].t_s if after else samples[-1].t_s
+    if max_edge_gap_s is not None:
+        first_t = max(first_t, window_start_s - max_edge_gap_s)
+        last_t = min(last_t, window_end_s + max_edge_gap_s)
     considered = [s for s in samples if first_t <= s.t_s <= last_t]
+    if not considered:
+        return ServerSummary(
+            metrics_available=True,
+            metrics_note=_unsampled_note(samples, window_start_s, window_end_s, max_edge_gap_s, note),
+            window_sampled=False,
+        )
     baseline, last = considered[0], considered[-1]
 
     def peak(attr: str) -> float | None:
@@ -92,6 +106,23 @@ def summarize(samples: list[Sample], window_start_s: float, window_end_s: float,
         running_peak=peak("running"),
         waiting_peak=peak("waiting"),
     )
+
+
+def _unsampled_note(
+    samples: list[Sample], start_s: float, end_s: float, max_edge_gap_s: float | None, note: str | None
+) -> str:
+    before = [s.t_s for s in samples if s.t_s < start_s]
+    after = [s.t_s for s in samples if s.t_s > end_s]
+    nearest = []
+    if before:
+        nearest.append(f"{start_s - before[-1]:.1f} s before it")
+    if after:
+        nearest.append(f"{after[0] - end_s:.1f} s after it")
+    text = (
+        f"no /metrics sample inside the {end_s - start_s:.1f} s window or within {max_edge_gap_s:.1f} s of it"
+        f" (the nearest: {' and '.join(nearest) or 'none'}): the window's gauges and preemptions are unknown"
+    )
+    return f"{text}; {note}" if note else text
 
 
 def hit_rate(hits: float | None, queries: float | None) -> float | None:
@@ -117,6 +148,12 @@ class MetricsScraper:
     _marks: list[asyncio.Task] = field(default_factory=list)
     _task: asyncio.Task | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def edge_gap_s(self) -> float:
+        """How far outside a window a sample may lie and still speak for its edge: two scrape
+        intervals, and never under a second (a /metrics answer on a busy server takes a while)."""
+        return max(2 * self.interval_s, 1.0)
 
     def mark(self, label: str) -> None:
         """Scrape now, through the same fetch as the periodic scrapes, and keep the histograms

@@ -195,7 +195,8 @@ def _interval_verdict(bounds: list[float | None] | None, point: float | None, bo
 def verdicts(
     step: StepResult, slo: Mapping[str, float], samples: Mapping[str, Sequence[float]] | None = None
 ) -> tuple[dict[str, Verdict], list[str]]:
-    """Per-SLO verdicts for a step, and the SLOs that could not be checked (left out of the first).
+    """Per-SLO verdicts for a step, and the SLOs that could not be checked (left out of the first,
+    except a server figure the window failed to sample, which is there as inconclusive).
 
     `samples` (metric -> values in arrival order, as the step measured them) lets a percentile be
     judged by `intervals.quantile_versus_bound`; without them (a saved result) by its ci95."""
@@ -203,6 +204,10 @@ def verdicts(
     out: dict[str, Verdict] = {}
     for key, bound in slo.items():
         if key in unverified:
+            # A server that exports the figure but was not sampled in this window: undecided,
+            # never passed unseen (the search measures such a step again).
+            if key in SERVER_KEYS and step.server.metrics_available and not step.server.window_sampled:
+                out[key] = "inconclusive"
             continue
         match = _LATENCY_KEY.match(key)
         if match and match.group(2) != "max":

@@ -420,7 +420,7 @@ async def run_step(
             await scraper.stop()
 
     server = (
-        summarize_server(scraper.samples, state.open_s, state.close_s, scraper.note)
+        summarize_server(scraper.samples, state.open_s, state.close_s, scraper.note, max_edge_gap_s=scraper.edge_gap_s)
         if scraper is not None
         else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
     )

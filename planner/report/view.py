@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
+from planner.cost import Prices
 from planner.sweep.results import NodeRank, PointResult, SweepResults
 from replay.results import ReplayResults, StepResult
 from replay.search import bracket
@@ -94,6 +95,8 @@ class ReportData:
     url: str | None = None
     # The sweep's configured headroom fraction (its [slo] headroom), when saved.
     headroom_setting: float | None = None
+    # GPU prices from --gpu-hour-price and the sweep's [cost] gpu_hour (planner.cost); none by default.
+    prices: Prices = field(default_factory=Prices)
 
     @property
     def best(self) -> PointView | None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
+import time
 
 import ray
 from ray.exceptions import RayError, RayTaskError, TaskCancelledError
@@ -50,11 +52,54 @@ HEAD_RESOURCE = "node:__internal_head__"
 HEAD_AMOUNT = 0.001
 # Lines of a Ray error kept in a failure message (its tracebacks run long).
 _ERROR_LINES = 6
+# A ray:// connection makes the head's proxier start a client server for this driver, a process
+# forked from a multi-threaded gRPC server, and that start sometimes fails at once; a new
+# connection asks for a new one. Tried this many times in all, after these waits.
+CLIENT_SERVER_START_FAILED = "Starting Ray client server failed"
+CONNECT_ATTEMPTS = 3
+CONNECT_BACKOFF_S = (1.0, 2.0)
 
 
 def short_error(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: " + " ".join(lines[:_ERROR_LINES])
+
+
+def _init_with_retries(executor: ExecutorSection, *, sleep=time.sleep) -> None:
+    """ray.init, tried again (at most CONNECT_ATTEMPTS times) only when the head's proxier said its
+    client server failed to start; any other failure, or the last one, is a ConfigError that
+    quotes Ray's line and says how many tries it took."""
+    for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        try:
+            ray.init(address=executor.address, runtime_env=executor.runtime_env, log_to_driver=False)
+            return
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            # A failed ray:// connection can leave client mode half set up, and every later
+            # ray.init in this process would then fail too: undo it.
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            transient = CLIENT_SERVER_START_FAILED in str(exc)
+            if transient and attempt < CONNECT_ATTEMPTS:
+                wait_s = CONNECT_BACKOFF_S[attempt - 1]
+                print(
+                    f"planner: Ray's proxier at {executor.address} said {_quoted_line(exc)!r} (try {attempt} of"
+                    f" {CONNECT_ATTEMPTS}); connecting again in {wait_s:g} s",
+                    file=sys.stderr,
+                )
+                sleep(wait_s)
+                continue
+            tries = f" on each of {attempt} tries" if transient else ""
+            raise ConfigError(
+                f"[executor] address {executor.address!r}: cannot connect to a Ray cluster{tries} ({short_error(exc)});"
+                " start one with `ray start --head` (and `ray start --address HEAD:6379` on the other nodes), or"
+                " give its address (HOST:PORT, ray://HOST:10001)"
+            ) from None
+
+
+def _quoted_line(exc: BaseException) -> str:
+    """The line of Ray's error that names the failure (its message opens with a generic preface)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if CLIENT_SERVER_START_FAILED in line), lines[-1] if lines else type(exc).__name__)
 
 
 class RayExecutor:
@@ -75,17 +120,7 @@ class RayExecutor:
         # cancel the sweep, keep what was measured, exit 143) must stay.
         sigterm = signal.getsignal(signal.SIGTERM)
         try:
-            ray.init(address=executor.address, runtime_env=executor.runtime_env, log_to_driver=False)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            # A failed ray:// connection can leave client mode half set up, and every later
-            # ray.init in this process would then fail too: undo it.
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-            raise ConfigError(
-                f"[executor] address {executor.address!r}: cannot connect to a Ray cluster ({short_error(exc)}); start one"
-                " with `ray start --head` (and `ray start --address HEAD:6379` on the other nodes), or give its"
-                " address (HOST:PORT, ray://HOST:10001)"
-            ) from None
+            _init_with_retries(executor)
         finally:
             # Off the main thread neither handler can be set (ValueError): nothing was replaced.
             with contextlib.suppress(ValueError, TypeError):

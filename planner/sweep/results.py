@@ -48,6 +48,7 @@ class NotPredicted(_Model):
 
     model_config = ConfigDict(extra="forbid")
 
+    # Why the estimate could not be made.
     error: str
 
 
@@ -55,106 +56,161 @@ class NodeRank(_Model):
     """One node of a point that vLLM spreads over several ([grid.extra] nnodes): rank 0 serves the
     API and is replayed against; the others run vLLM headless."""
 
+    # vLLM's node rank (0 serves the API).
     rank: int
+    # The Ray node's id.
     node_id: str | None = None
+    # The node's hostname.
     node_hostname: str | None = None
+    # The GPUs Ray gave this rank.
     gpu_ids: list[str] = Field(default_factory=list)
+    # Their model.
     gpu_model: str | None = None
     # Rank 0's log is the point's log_path; the others' beside it.
     log_path: str | None = None
+    # The rank's server exit code, once it exited.
     exit_code: int | None = None
 
 
 class PointResult(_Model):
+    # The point's id: its number and axis values (01-mml12288-...).
     id: str
     # The point's axis values: flag names in underscore form (max_model_len, gpu_memory_utilization,
     # tensor_parallel_size, and every [grid.extra] flag) plus "env" for [grid.env] axes.
     config: dict[str, Any]
+    # The server command as run, secrets redacted.
     command: list[str]
+    # ok, infeasible, failed, predicted_infeasible; pending or running while a sweep runs.
     status: PointStatus
+    # What --resume compares: model, vLLM version, command, flags, env axes, corpus sha256, SLOs and
+    # replay settings.
     fingerprint: str
+    # When the point started (UTC, ISO 8601).
     started_at: str | None = None
+    # The point's wall time, start-up included.
     duration_s: float | None = None
+    # Seconds from spawning the server to /health answering (what a deployment's start-up probe
+    # must allow); absent in older files.
+    startup_s: float | None = None
+    # The server's /version.
     vllm_version: str | None = None
+    # The KV-cache capacity the server reported (its log and vllm:cache_config_info).
     capacity: Capacity = Field(default_factory=Capacity)
+    # Why the point is infeasible or failed.
     failure: Failure | None = None
     # The corpus-aware KV bound, never below vLLM's reported max concurrency (and never above
     # [replay] max_concurrency): every request's blocks counted, as if nothing were cached.
     concurrency_upper_bound: int | None = None
+    # The mean KV blocks a corpus request occupies (prompt plus output, rounded up to blocks).
     mean_blocks_per_request: float | None = None
     # vLLM's prefix cache: on unless the point's args say --no-enable-prefix-caching. With it, the
     # bound that holds a block shared by requests in flight once (planner.sweep.bound.
     # prefix_aware_bound), from the distinct shared prompt blocks and each request's own blocks.
     prefix_caching: bool | None = None
+    # The bound with blocks that requests share held once (never below concurrency_upper_bound).
     concurrency_upper_bound_prefix_cache: int | None = None
+    # Distinct prompt blocks held by two or more corpus requests.
     shared_prefix_blocks: int | None = None
+    # The mean blocks a request holds on its own (unshared prompt blocks, partial last block,
+    # output).
     mean_own_blocks_per_request: float | None = None
     # The ceiling the search started from: the prefix-cache bound when there is one, else the
     # other, capped by [replay] max_concurrency.
     search_upper_bound: int | None = None
+    # Every step of the point's search, in the order run (as in replay.json).
     steps: list[StepResult] = Field(default_factory=list)
+    # The highest concurrency whose steps passed.
     max_passing_concurrency: int | None = None
+    # The lowest concurrency that failed or was inconclusive.
     min_failing_concurrency: int | None = None
+    # floor(max_passing_concurrency x (1 - headroom)).
     safe_concurrency: int | None = None
+    # GPUs the point holds: tensor_parallel_size x pipeline_parallel_size.
     gpus: int = 1
+    # The GPUs it ran on (CUDA_VISIBLE_DEVICES).
     gpu_ids: list[str] = Field(default_factory=list)
     # Where the point ran: the GPUs' model (nvidia-smi's name, else Ray's accelerator type) and,
     # with the Ray executor, the node's Ray id and hostname.
     gpu_model: str | None = None
+    # The Ray node's id (Ray executor).
     node_id: str | None = None
+    # The Ray node's hostname (Ray executor).
     node_hostname: str | None = None
     # A point across nodes: every node it ran on, rank 0 first (node_id, node_hostname and gpu_ids
     # above are rank 0's, gpu_model every rank's). Empty for a point on one node.
     ranks: list[NodeRank] = Field(default_factory=list)
+    # safe_concurrency / gpus: what the recommendation ranks by.
     safe_concurrency_per_gpu: float | None = None
+    # Output tokens/s per GPU at the safe concurrency (measured there, or interpolated between the
+    # steps around it).
     output_tokens_per_s_per_gpu: float | None = None
+    # The SLOs the lowest failing step broke, or kv_capacity_bound (max_concurrency) when the whole
+    # bound passed.
     binding_constraint: str | None = None
     # max_passing_concurrency passed again on fresh prompts; the knee lies in knee_interval
     # [highest conclusive pass, lowest conclusive fail]. Absent in older files.
     confirmed: bool | None = None
+    # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
     # Concurrencies whose every step ran out of time before it could resolve (never failures),
     # and whether [replay] point_budget_s stopped the search before it was done.
     unresolved_concurrency: list[int] = Field(default_factory=list)
+    # [replay] point_budget_s stopped the search before it was done.
     budget_exhausted: bool = False
     # Peak used memory per GPU over the point's steps, and what was left of each GPU's total.
     gpu_memory_peak_mib: dict[str, float] | None = None
+    # What was left of each GPU's total memory at that peak, in MiB.
     gpu_memory_headroom_mib: dict[str, float] | None = None
     # From `planner estimate` before launching (see planner.estimate); None when not predicted.
     # An older planner's estimate that no longer parses is kept as it was saved (the dict).
     prediction: Estimate | NotPredicted | dict[str, Any] | None = None
+    # The estimate's KV tokens for the point.
     kv_cache_tokens_predicted: int | None = None
+    # (predicted - reported) / reported KV tokens.
     kv_cache_tokens_relative_error: float | None = None
+    # The server's log (points/<id>/server.log).
     log_path: str | None = None
     # What happened to the point without ending it (metrics_lost: ..., see docs/reference/faults.md).
     notes: list[str] = Field(default_factory=list)
 
 
 class Best(_Model):
+    # The recommended point.
     point_id: str
+    # Its safe concurrency per GPU.
     safe_concurrency_per_gpu: float
+    # Its output tokens/s per GPU (the tie-breaker).
     output_tokens_per_s_per_gpu: float | None = None
+    # Why it won.
     reason: str
     # Why every other point lost, keyed by point id.
     others: dict[str, str] = Field(default_factory=dict)
 
 
 class CorpusInfo(_Model):
+    # The corpus file.
     path: str
+    # Its SHA-256.
     sha256: str
+    # Requests read from it.
     requests: int
 
 
 class CpuSplitInfo(_Model):
+    # The CPUs the servers were pinned to.
     server: list[int]
+    # The CPUs the planner kept.
     client: list[int]
 
 
 class RunInfo(_Model):
     """What this run found rather than what it was told: the corpus, vLLM's version, the GPUs."""
 
+    # The prompt corpus.
     corpus: CorpusInfo | None = None
+    # vLLM's version, asked of the server command.
     vllm_version: str | None = None
+    # The GPUs found on this machine.
     gpus_found: list[str] = Field(default_factory=list)
     # When [cpus] pins: the CPUs the servers and the planner itself were given.
     cpus_split: CpuSplitInfo | None = None
@@ -188,12 +244,14 @@ class _Saved(_Model):
 
 class SavedServer(_Saved):
 
+    # [server] model.
     model: str | None = None
 
 
 class SavedSlo(_Saved):
     """[slo] as saved: headroom and one bound per SLO key."""
 
+    # [slo] headroom.
     headroom: float | None = None
 
     def bounds(self) -> dict[str, float]:
@@ -213,21 +271,30 @@ class SavedSettings(_Saved):
     """The sweep settings as saved (planner.sweep.config.public_settings): every section is kept;
     those the report reads are typed."""
 
+    # The [server] table.
     server: SavedServer = Field(default_factory=SavedServer)
+    # The [slo] table.
     slo: SavedSlo = Field(default_factory=SavedSlo)
 
 
 class SweepResults(_Model):
+    # The file's format version.
     schema_version: int = SCHEMA_VERSION
+    # When the sweep started (UTC, ISO 8601).
     started_at: str
     # The sweep settings as given (secrets replaced by "***"; see planner.sweep.config.public_settings).
     settings: SavedSettings
+    # What this run found: the corpus, vLLM's version, the GPUs.
     run: RunInfo = Field(default_factory=RunInfo)
     # What was measured: vLLM, the model, the server's flags and env, the hardware, the corpus,
     # the SLOs, the planner (None in files before version 3: unknown).
     identity: Identity | None = None
+    # Every grid point, in grid order.
     points: list[PointResult] = Field(default_factory=list)
+    # The recommended point: the highest safe concurrency per GPU, ties broken by output tokens/s
+    # per GPU.
     best: Best | None = None
+    # The sweep was stopped (Ctrl-C or SIGTERM); finished points and steps are kept.
     interrupted: bool = False
 
     @model_validator(mode="before")

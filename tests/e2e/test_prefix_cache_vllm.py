@@ -72,6 +72,8 @@ def test_hit_rate_and_kv_peak_follow_the_prefix_model(shared_server, tmp_path: P
         f" {predicted.hit_rate_lru}); KV peak {server.kv_cache_usage_peak}, prefix-aware {prefix_usage:.3f},"
         f" old {old_usage:.3f}; running peak {server.running_peak}, preemptions {server.preemptions}"
     )
+    # A window that no /metrics sample reached says so (null peaks and a note), never 0.
+    assert server.window_sampled and server.samples >= 2, server.metrics_note
     assert server.prefix_cache_hit_rate is not None, server.histograms_note
     assert server.prefix_cache_hit_rate == pytest.approx(predicted.hit_rate_unbounded, abs=HIT_RATE_TOLERANCE)
     assert predicted.hit_rate_lru == predicted.hit_rate_unbounded

@@ -106,3 +106,37 @@ def test_a_failed_snapshot_is_a_note_not_an_error():
     # No figures at all: the step's server latencies stay null.
     assert not any(v is not None for k, v in fields.items() if k.endswith("_ms"))
     assert fields["histograms_note"] == "scraping /metrics failed: ConnectionError: refused"
+
+
+def test_samples_far_from_the_window_say_nothing_of_it():
+    # The scrape before a long warm-up and the one after the drain read an idle server; a scrape
+    # stalled through the window left nothing between them. Its peaks are unknown, not 0.
+    samples = [Sample(0.0, 0.0, 0, 0, 3), Sample(30.0, 0.0, 0, 0, 9)]
+    s = summarize(samples, 10.0, 14.0, None, max_edge_gap_s=2.0)
+    assert s.metrics_available and not s.window_sampled and s.samples == 0
+    assert (s.kv_cache_usage_peak, s.running_peak, s.waiting_peak, s.preemptions) == (None, None, None, None)
+    assert s.metrics_note == (
+        "no /metrics sample inside the 4.0 s window or within 2.0 s of it (the nearest: 10.0 s before it and"
+        " 16.0 s after it): the window's gauges and preemptions are unknown"
+    )
+
+
+def test_samples_near_the_edges_still_speak_for_a_short_window():
+    samples = [Sample(0.0, 0.0, 0, 0, 0), Sample(9.5, 0.3, 4, 0, 1), Sample(10.6, 0.5, 5, 1, 2), Sample(30.0, 0.0, 0, 0, 2)]
+    s = summarize(samples, 10.0, 10.2, None, max_edge_gap_s=2.0)
+    assert s.window_sampled and s.samples == 2
+    assert (s.kv_cache_usage_peak, s.running_peak, s.preemptions) == (0.5, 5, 1)
+
+
+def test_an_unsampled_window_leaves_the_server_rules_undecided():
+    from replay import slo
+    from tests.fakes.results import make_step
+
+    unsampled = summarize([Sample(0.0, 0.0, 0, 0, 0)], 10.0, 14.0, None, max_edge_gap_s=2.0)
+    st = make_step(server=unsampled)
+    verdicts, unverified = slo.verdicts(st, {"kv_cache_usage_max": 0.9, "max_preemptions": 0})
+    assert verdicts == {"kv_cache_usage_max": "inconclusive", "max_preemptions": "inconclusive"}
+    assert set(unverified) == {"kv_cache_usage_max", "max_preemptions"}
+    # A server without the figure at all is not held to it, as before.
+    without = st.model_copy(update={"server": summarize([], 0, 1, None)})
+    assert slo.verdicts(without, {"kv_cache_usage_max": 0.9})[0] == {}
