@@ -44,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--output", type=Path, default=Path("results/sweep"), help="results folder (default results/sweep)")
     p.add_argument("--resume", action="store_true", help="reuse finished points whose fingerprint is unchanged")
+    p.add_argument(
+        "--restart", action="store_true",
+        help="start over in a folder that holds results: its sweep.json is moved aside (renamed, not deleted;"
+        " a sweep without --resume does the same)",
+    )  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the expanded grid, each command and its expected duration; start nothing")
     p.add_argument(
         "--request-duration-s", type=float, default=None,
@@ -149,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
             )
             console.print(f"  {expected}", soft_wrap=True, highlight=False)
         return 0
+    if args.resume and args.restart:
+        raise ConfigError("--resume and --restart contradict each other: --resume continues the folder's sweep.json, --restart moves it aside and starts over")
     check_baseline(args)
     corpus = load_corpus(settings.prompts)
     pinned = cpus_mod.split(settings.cpus.client)
@@ -162,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
                 corpus,
                 output_dir=args.output,
                 resume=args.resume,
+                restart=args.restart,
                 observers=[o for o in (progress, exporter) if o is not None],
                 predict=predictor(settings),
                 cpus=pinned,

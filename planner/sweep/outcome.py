@@ -60,6 +60,25 @@ def conclude(
         r.gpu_memory_headroom_mib = {g: gpu_totals_mib[g] - v for g, v in peaks.items() if g in gpu_totals_mib}
 
 
+def metrics_lost(steps: list[StepResult]) -> tuple[str, list[str]] | None:
+    """When the server's /metrics went away (or turned to garbage) after a step had read it: a note
+    saying from which step on and why, and the SLOs that could not be checked without it (empty when
+    the SLOs need no server metric: then the point's verdict stands). None when nothing was lost."""
+    seen = next((i for i, s in enumerate(steps) if s.server.metrics_available), None)
+    if seen is None:
+        return None
+    lost = [s for s in steps[seen + 1 :] if not s.server.metrics_available]
+    if not lost:
+        return None
+    first = lost[0]
+    unchecked = sorted({key for s in lost for key in s.slo_unverified})
+    note = (
+        f"metrics_lost: /metrics gave no vLLM metrics at {len(lost)} of {len(steps)} steps, from the step at"
+        f" {first.load.mode} {first.load.value:g} on ({first.server.metrics_note or 'no note'}); their server-side figures are unknown"
+    )
+    return note, unchecked
+
+
 def safe_concurrency(max_passing: int | None, headroom: float) -> int | None:
     if max_passing is None:
         return None

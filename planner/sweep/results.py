@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_serializer, model_val
 
 from planner.capacity import Capacity, Failure
 from planner.estimate import Estimate
+from planner.sweep.disk import NO_SPACE, ResultsNotWritten
 from replay.errors import SloSpecError
 from replay.identity import Identity
 from replay.model import ResultModel
@@ -166,6 +167,8 @@ class PointResult(ResultModel):
     kv_cache_tokens_relative_error: float | None = None
     # The server's log (points/<id>/server.log).
     log_path: str | None = None
+    # What happened to the point without ending it (metrics_lost: ..., see docs/reference/faults.md).
+    notes: list[str] = Field(default_factory=list)
 
 
 class Best(ResultModel):
@@ -305,4 +308,13 @@ class SweepResults(ResultModel):
 
 
 def write_results(output_dir: Path, results: SweepResults) -> None:
-    write_json_atomic(output_dir / RESULTS_FILE, results.model_dump(mode="json"))
+    """Rewrite sweep.json atomically; a full disk raises ResultsNotWritten (planner.sweep.disk) and
+    leaves the previous file as it was."""
+    path = output_dir / RESULTS_FILE
+    data = results.model_dump(mode="json")
+    try:
+        write_json_atomic(path, data)
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise ResultsNotWritten.no_space(path, data, exc) from None

@@ -11,13 +11,14 @@ from pathlib import Path
 
 from planner import cpus as cpus_mod
 from planner.capacity import Failure
-from planner.errors import ConfigError
 from planner.estimate import Estimate
 from planner.identity import server_identity
 from planner.sweep.config import SweepSettings, public_settings
+from planner.sweep.earlier import keep_partial, read_earlier, remove_stale_temporaries, set_aside
 from planner.sweep.executor import Executor, SweepContext, Todo
 from planner.sweep.grid import Point, expand, fingerprint
 from planner.sweep.local import LocalExecutor
+from planner.sweep.lock import SweepLock
 from planner.sweep.observer import SweepObserver
 from planner.sweep.outcome import choose_best
 from planner.sweep.point import PointContext, now
@@ -30,14 +31,11 @@ FINISHED = {"ok", "infeasible", "predicted_infeasible"}
 
 
 def previous_results(output_dir: Path) -> dict[str, PointResult]:
-    """Finished points of an earlier run in the same folder, by fingerprint."""
-    path = output_dir / RESULTS_FILE
-    if not path.exists():
+    """Finished points of an earlier run in the same folder, by fingerprint (planner.sweep.earlier
+    says in one line why a file cannot be read)."""
+    earlier = read_earlier(output_dir / RESULTS_FILE)
+    if earlier is None:
         return {}
-    try:
-        earlier = SweepResults.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ConfigError(f"{path}: cannot resume from it: {exc}") from None
     return {p.fingerprint: p for p in earlier.points if p.status in FINISHED}
 
 
@@ -73,13 +71,25 @@ async def run_sweep(
     observers: list[SweepObserver] | None = None,
     predict: Callable[[Point, list], Estimate | NotPredicted | None] | None = None,
     cpus: cpus_mod.CpuSplit | None = None,
+    restart: bool = False,
 ) -> SweepResults:
-    """Run every point of the grid (or reuse it with --resume) and choose the best."""
-    executor = _executor(settings)
-    try:
-        return await _sweep(settings, corpus, Path(output_dir), resume, observers, predict, cpus, executor)
-    finally:
-        executor.close()
+    """Run every point of the grid (or reuse it with --resume) and choose the best. One sweep at a
+    time writes into `output_dir` (planner.sweep.lock); without --resume, its earlier sweep.json is
+    moved aside (planner.sweep.earlier), never overwritten."""
+    output_dir = Path(output_dir)
+    with SweepLock(output_dir):
+        remove_stale_temporaries(output_dir / RESULTS_FILE)
+        if resume:
+            if (earlier := read_earlier(output_dir / RESULTS_FILE)) is not None:
+                keep_partial(output_dir / RESULTS_FILE, earlier, FINISHED)
+        else:
+            # Nothing measured is overwritten: an earlier sweep.json is moved aside.
+            set_aside(output_dir / RESULTS_FILE, restart=restart)
+        executor = _executor(settings)
+        try:
+            return await _sweep(settings, corpus, output_dir, resume, observers, predict, cpus, executor)
+        finally:
+            executor.close()
 
 
 def _executor(settings: SweepSettings) -> Executor:

@@ -46,6 +46,19 @@ ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)); FAKE_
 (the same once N completion requests have arrived: unlike a time, independent of machine load);
 FAKE_VLLM_IGNORE_SIGTERM=1 (both processes ignore SIGTERM, so only SIGKILL stops them).
 
+Faults that begin once FAKE_VLLM_FAULT_AFTER_REQUESTS (default 0) completion requests have arrived,
+named by FAKE_VLLM_FAULT (the fault catalogue's, docs/reference/faults.md):
+  stop              the server SIGSTOPs itself (as `kill -STOP`, or a debugger attaching)
+  hang              the event loop blocks: the port still accepts connections (the kernel's
+                    backlog), nothing answers, /health included (a stuck API server)
+  stall             streams stop after their first tokens with the connection left open, and
+                    every later stream too; /health answers (a stuck engine)
+  metrics_gone      /metrics answers 404
+  metrics_garbage   /metrics answers 200 with text that is not Prometheus' format
+  oom               the server SIGKILLs itself, as the kernel's OOM killer does, after adding one
+                    to `oom_kill N` in the file FAKE_VLLM_OOM_EVENTS names (the cgroup's
+                    memory.events, as a test hands it to the planner)
+
 Across nodes (--nnodes N, vLLM's multiprocessing backend): tensor x pipeline parallel size must
 divide by N, and each node needs its share of the GPUs. Rank 0 listens on --master-addr:--master-port
 and waits (FAKE_VLLM_RENDEZVOUS_S, default 60) for ranks 1..N-1, which run with `--node-rank k
@@ -61,6 +74,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -216,8 +230,11 @@ class FakeVllmServer(FakeServer):
     def __init__(self, behavior: Behavior, *, host: str, port: int, cache_info: dict[str, str]) -> None:
         super().__init__(behavior, host=host, port=port)
         self.cache_info = {**cache_info, "engine": "0"}
+        self.garbage_metrics = False
 
     def metrics_text(self) -> str:
+        if self.garbage_metrics:
+            return "<html><body>502 Bad Gateway</body></html>\nvllm:num_requests_running{engine=0 not a number\n"
         lines = [line for line in super().metrics_text().splitlines() if "vllm:cache_config_info" not in line]
         labels = ",".join(f'{k}="{v}"' for k, v in self.cache_info.items())
         lines += [
@@ -330,6 +347,9 @@ async def _serve(args: argparse.Namespace, behavior: Behavior, cache_info: dict[
         print(f"(APIServer pid={log.pid}) INFO:     Application startup complete.", flush=True)
         die_after_s = _env_float("FAKE_VLLM_DIE_AFTER_S", 0.0)
         die_after_requests = int(os.environ.get("FAKE_VLLM_DIE_AFTER_REQUESTS") or 0)
+        fault = os.environ.get("FAKE_VLLM_FAULT")
+        if fault:
+            await _fault(server, fault, int(os.environ.get("FAKE_VLLM_FAULT_AFTER_REQUESTS") or 0), stop, log)
         if die_after_s or die_after_requests:
             ready_at = time.perf_counter()
             while not stop.is_set():
@@ -345,6 +365,39 @@ async def _serve(args: argparse.Namespace, behavior: Behavior, cache_info: dict[
     finally:
         await server.close()
     return 0
+
+
+async def _fault(server: FakeVllmServer, fault: str, after_requests: int, stop: asyncio.Event, log: Logger) -> None:
+    """Wait for `after_requests` completion requests, then begin `fault` (see the docstring)."""
+    if fault not in ("stop", "hang", "stall", "metrics_gone", "metrics_garbage", "oom"):
+        raise SystemExit(f"FAKE_VLLM_FAULT={fault!r}: not a fault this fake knows")
+    while server.stats.requests < after_requests and not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.02)
+    if stop.is_set():
+        return
+    match fault:
+        case "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        case "hang":
+            log("WARNING", "core.py:1200", "(fault) the event loop hangs", proc="EngineCore")
+            time.sleep(ENGINE_MAX_LIFE_S)  # blocks the loop: nothing answers, SIGTERM included
+        case "stall":
+            server.behavior = dataclasses.replace(server.behavior, stall_streams=True)
+        case "metrics_gone":
+            server.behavior = dataclasses.replace(server.behavior, metrics=False)
+        case "metrics_garbage":
+            server.garbage_metrics = True
+        case "oom":
+            events = os.environ.get("FAKE_VLLM_OOM_EVENTS")
+            if events:
+                text = Path(events).read_text() if Path(events).exists() else "oom 0\noom_kill 0\n"
+                lines = [
+                    f"oom_kill {int(line.split()[1]) + 1}" if line.startswith("oom_kill ") else line
+                    for line in text.splitlines()
+                ]
+                Path(events).write_text("\n".join(lines) + "\n")
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:

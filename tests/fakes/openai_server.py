@@ -102,6 +102,9 @@ class Behavior:
     slowness_sigma: float = 0.0
     # vLLM's prefix cache as counters only: vllm:prefix_cache_queries/hits (see PrefixCache).
     prefix_caching: bool = True
+    # Streams stop after their first tokens and send nothing more, the connection left open (a
+    # stuck engine behind an API server that still answers /health).
+    stall_streams: bool = False
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "disconnect_rate", "error_event_rate"):
@@ -637,6 +640,9 @@ class FakeServer:
                     await writer.drain()
                     writer.transport.abort()
                     return False
+                if b.stall_streams and i == fault_at:
+                    await writer.drain()
+                    await asyncio.Event().wait()  # until the client gives up or the server closes
                 if error_event and i == fault_at:
                     err = {"error": {"message": "injected error mid-stream", "type": "InternalServerError", "param": None, "code": 500}}
                     _write_chunk(writer, f"data: {json.dumps(err)}\n\n")
