@@ -21,7 +21,17 @@ RESULTS_FILE = "sweep.json"
 SCHEMA_VERSION = 3
 
 # pending and running appear only while a sweep runs (or in the file of one that was killed).
-PointStatus = Literal["ok", "infeasible", "failed", "predicted_infeasible", "pending", "running"]
+# dominated and predicted: the adaptive strategy settled the point without searching it
+# (planner.sweep.adaptive; answer_source says the same, with the why beside it).
+PointStatus = Literal[
+    "ok", "infeasible", "failed", "predicted_infeasible", "dominated", "predicted", "pending", "running"
+]
+
+# How a point's answer was reached ([sweep] strategy; docs/guides/adaptive-sweep.md): "searched"
+# (a full search), "verified" (its class's prediction, confirmed by steps on the point itself),
+# "predicted" (the class's law says it cannot beat the best confirmed point: not searched) or
+# "dominated" (its own upper bound cannot beat the best confirmed point: not searched).
+AnswerSource = Literal["searched", "verified", "predicted", "dominated"]
 
 # Start-up failures that say the configuration cannot run (status "infeasible"), as opposed to a
 # broken launch (status "failed").
@@ -62,6 +72,73 @@ class NodeRank(_Model):
     # Rank 0's log is the point's log_path; the others' beside it.
     log_path: str | None = None
     exit_code: int | None = None
+
+
+class Dominance(_Model):
+    """Why a dominated point could not win: the best safe concurrency it could ever reach, from its
+    bound, is at or below a confirmed point's."""
+
+    # The confirmed point that dominates it, and that point's safe concurrency per GPU.
+    by: str
+    by_safe_concurrency_per_gpu: float
+    # The point's upper bound on concurrency and where it came from: "server_kv_pool" (the search
+    # ceiling from the KV pool its server reported: the point was started, not searched) or
+    # "max_concurrency" ([replay] max_concurrency: not started).
+    bound: int
+    bound_source: Literal["server_kv_pool", "max_concurrency"]
+    # floor(bound x (1 - headroom)) / GPUs: the most this point could ever be recommended at.
+    bound_safe_concurrency_per_gpu: float
+
+
+class ClassLaw(_Model):
+    """A speed class's latency law, from one full search of one of its points (planner.sweep.laws)."""
+
+    speed_class: str
+    # The searched point the law comes from.
+    from_point: str
+    # That search's knee: its highest pass and lowest failure (None: nothing failed below its
+    # ceiling, so the law says only that the SLOs hold up to max_passing).
+    max_passing: int | None
+    min_failing: int | None
+    # Where the fitted SLO ratios cross 1 (the lowest crossing over the rules), None when none does.
+    knee: float | None
+    # Per SLO rule: the measured steps as [concurrency, measured / bound] and the isotonic fit at
+    # the same concurrencies, and where that rule's fit crosses 1.
+    measured: dict[str, list[list[float]]] = Field(default_factory=dict)
+    fitted: dict[str, list[list[float]]] = Field(default_factory=dict)
+    crossings: dict[str, float | None] = Field(default_factory=dict)
+
+
+class KneePrediction(_Model):
+    """A point's max passing concurrency as its class's law predicts it: min(latency knee, the
+    point's KV ceiling, max_num_seqs, [replay] max_concurrency)."""
+
+    concurrency: int
+    # [lowest, highest] the max passing concurrency can be under the law (highest None: unbounded).
+    interval: list[int | None]
+    # What sets `concurrency`: "latency" (the law), "kv_pool", "max_num_seqs" or "max_concurrency".
+    limit: str
+    speed_class: str
+    law_from: str
+    # Whether the point's KV pool was read from its server (False: not started).
+    kv_pool_read: bool = False
+    # None: not verified (the point was not launched, or was searched without verifying);
+    # True: the verification steps agreed; False: they did not and the point was searched in full.
+    verified: bool | None = None
+
+
+class PointPlan(_Model):
+    """What the adaptive strategy asks of a point it launches (read where the point runs)."""
+
+    # The best confirmed safe concurrency per GPU so far, and its point: a point whose bound, read
+    # from its server, cannot beat it is settled as dominated without a search (None: no best yet).
+    beat_safe_concurrency_per_gpu: float | None = None
+    beat_by: str | None = None
+    # The class's law: verify its prediction rather than search (None: search in full).
+    law: ClassLaw | None = None
+    speed_class: str | None = None
+    max_num_seqs: int | None = None
+    max_concurrency: int | None = None
 
 
 class PointResult(_Model):
@@ -125,6 +202,14 @@ class PointResult(_Model):
     kv_cache_tokens_predicted: int | None = None
     kv_cache_tokens_relative_error: float | None = None
     log_path: str | None = None
+    # [sweep] strategy (issue 28). Null in older files and while pending.
+    speed_class: str | None = None
+    answer_source: AnswerSource | None = None
+    # Why a point was not searched, in words (dominated or predicted).
+    answer_note: str | None = None
+    dominance: Dominance | None = None
+    knee_prediction: KneePrediction | None = None
+    plan: PointPlan | None = None
 
 
 class Best(_Model):
@@ -214,6 +299,26 @@ class SavedSettings(_Saved):
     slo: SavedSlo = Field(default_factory=SavedSlo)
 
 
+class SpeedClassInfo(_Model):
+    """One speed class of the grid (planner.sweep.classes) and, under the adaptive strategy, its law."""
+
+    id: str
+    label: str
+    point_ids: list[str]
+    law: ClassLaw | None = None
+
+
+class AdaptiveSummary(_Model):
+    """How the adaptive strategy answered the grid's points, counted."""
+
+    searched: int = 0
+    verified: int = 0
+    predicted: int = 0
+    dominated: int = 0
+    # Verifications that disagreed with the prediction, each followed by a full search.
+    fallbacks: int = 0
+
+
 class SweepResults(_Model):
     schema_version: int = SCHEMA_VERSION
     started_at: str
@@ -226,6 +331,10 @@ class SweepResults(_Model):
     points: list[PointResult] = Field(default_factory=list)
     best: Best | None = None
     interrupted: bool = False
+    # [sweep] strategy, the grid's speed classes, and the adaptive strategy's counts (null in older files).
+    strategy: str | None = None
+    speed_classes: list[SpeedClassInfo] = Field(default_factory=list)
+    adaptive: AdaptiveSummary | None = None
 
     @model_validator(mode="before")
     @classmethod
