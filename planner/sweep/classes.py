@@ -4,9 +4,9 @@ The assumption: some vLLM flags change only how much memory the engine holds (th
 longest request, how many requests it admits), never how long one engine step takes at a given
 batch. Two points that differ only in such flags run the same batch at the same speed, so every
 SLO figure against requests running is one law for both: they form one class, and the other
-flags (and env axes) name it. max_num_seqs is among them as a cap: it limits how many requests run, not how fast
-a batch of a given size runs. Unless set, [sweep] memory_only_flags is DEFAULT_MEMORY_ONLY_FLAGS
-(planner.sweep.config).
+flags (and env axes) name it. max_num_seqs is among them as a cap: it limits how many requests
+run, not how fast a batch of a given size runs. Unless set, [sweep] memory_only_flags is
+DEFAULT_MEMORY_ONLY_FLAGS (planner.sweep.config).
 
 The adaptive strategy (planner.sweep.adaptive) relies on this assumption and checks it: every
 prediction it acts on is verified on the point itself, and a verification that disagrees falls
@@ -29,7 +29,8 @@ __all__ = ["DEFAULT_MEMORY_ONLY_FLAGS", "SpeedClass", "class_key", "class_of", "
 class SpeedClass:
     # c1, c2, ... in the order the grid first reaches each class.
     id: str
-    # The axis values that name the class (flags in underscore form; env axes as "env NAME").
+    # The axis values that name the class, those that vary over the grid (flags in underscore
+    # form; env axes as "env NAME").
     key: tuple[tuple[str, str], ...]
     point_ids: tuple[str, ...]
 
@@ -54,8 +55,14 @@ def speed_classes(points: Sequence[Point], memory_only: Iterable[str]) -> list[S
     members: dict[tuple[tuple[str, str], ...], list[str]] = {}
     for point in points:
         members.setdefault(class_key(point, memory), []).append(point.id)
+    # An axis with one value splits nothing: the label names only the axes that vary.
+    values: dict[str, set[str]] = {}
+    for key in members:
+        for name, value in key:
+            values.setdefault(name, set()).add(value)
+    varying = {name for name, seen in values.items() if len(seen) > 1}
     return [
-        SpeedClass(id=f"c{i}", key=tuple((n, _shown(v)) for n, v in key), point_ids=tuple(ids))
+        SpeedClass(id=f"c{i}", key=tuple((n, _shown(v)) for n, v in key if n in varying), point_ids=tuple(ids))
         for i, (key, ids) in enumerate(members.items(), start=1)
     ]
 

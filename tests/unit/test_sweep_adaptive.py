@@ -261,3 +261,24 @@ def test_older_files_load_with_the_new_fields_null():
         old.pop(key)
     loaded = PointResult.model_validate(old)
     assert loaded.answer_source is None and loaded.dominance is None and loaded.knee_prediction is None
+
+
+# The dry run ------------------------------------------------------------------------------------
+
+def test_the_adaptive_dry_run_shows_classes_bounds_and_launch_order(offline_hub, capsys, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from planner.cli import main
+
+    monkeypatch.setenv("PLANNER_SWEEP__STRATEGY", "adaptive")
+    example = Path(__file__).resolve().parents[2] / "examples" / "h100-llama-70b-tp.toml"
+    args = ["sweep", "--config", str(example), "--dry-run", "--request-duration-s", "20", "--output", str(tmp_path)]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()[9:]
+    assert lines[1:3] == ["  c1: tensor_parallel_size=4: 2 points", "  c2: tensor_parallel_size=8: 2 points"]
+    assert lines[3].startswith("strategy: adaptive: highest bound per GPU first")
+    assert lines[4] == "plan, in launch order:"
+    # tp 8 leaves each GPU more memory for the KV pool after its share of the weights: it runs first.
+    assert [line.split(":")[0].strip() for line in lines[5:]] == ["02-mml16384-tp8", "04-mml65536-tp8", "01-mml16384-tp4", "03-mml65536-tp4"]
+    assert all("class c2, upper bound ~" in line for line in lines[5:7])
+    assert all("per GPU)" in line for line in lines[5:])
