@@ -282,3 +282,17 @@ def test_the_adaptive_dry_run_shows_classes_bounds_and_launch_order(offline_hub,
     assert [line.split(":")[0].strip() for line in lines[5:]] == ["02-mml16384-tp8", "04-mml65536-tp8", "01-mml16384-tp4", "03-mml65536-tp4"]
     assert all("class c2, upper bound ~" in line for line in lines[5:7])
     assert all("per GPU)" in line for line in lines[5:])
+
+
+def test_resume_keeps_a_settled_point_under_adaptive_and_reruns_it_under_exhaustive(tmp_path):
+    from planner.sweep.results import write_results
+    from planner.sweep.run import previous_results, reusable
+
+    dominated = result("02", status="dominated", answer_source="dominated")
+    results = SweepResults(started_at="t", settings={}, points=[searched("01"), dominated, result("03", status="running")])
+    write_results(tmp_path, results)
+    earlier = previous_results(tmp_path)
+    assert set(earlier) == {"01", "02"}  # finished, by fingerprint; the running one is not
+    assert reusable(earlier["02"], prune=True, adaptive=True)
+    assert not reusable(earlier["02"], prune=True, adaptive=False)
+    assert reusable(earlier["01"], prune=True, adaptive=False)
