@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
+from planner.report.answers import answers_section
 from planner.sweep.results import NodeRank, PointResult, SweepResults
 from replay.results import ReplayResults, StepResult
 from replay.search import bracket
@@ -94,6 +95,8 @@ class ReportData:
     url: str | None = None
     # The sweep's configured headroom fraction (its [slo] headroom), when saved.
     headroom_setting: float | None = None
+    # The adaptive strategy's account (planner.report.answers), as markdown lines; empty otherwise.
+    answers: tuple[str, ...] = ()
 
     @property
     def best(self) -> PointView | None:
@@ -156,6 +159,7 @@ def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
         interrupted=sweep.interrupted,
         started_at=sweep.started_at,
         headroom_setting=sweep.settings.slo.headroom,
+        answers=tuple(answers_section(sweep)),
     )
 
 

@@ -296,3 +296,43 @@ def test_resume_keeps_a_settled_point_under_adaptive_and_reruns_it_under_exhaust
     assert reusable(earlier["02"], prune=True, adaptive=True)
     assert not reusable(earlier["02"], prune=True, adaptive=False)
     assert reusable(earlier["01"], prune=True, adaptive=False)
+
+
+# The report ------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_the_report_groups_points_by_answer_and_shows_each_law_and_prediction(tmp_path):
+    from planner.report import write_report
+    from planner.sweep.results import KneePrediction, SpeedClassInfo, write_results
+    from tests.fakes.results import sweep_fixture
+
+    results = sweep_fixture()
+    ok = [p for p in results.points if p.status == "ok"]
+    first, rest = ok[0], results.points[1:]
+    first.answer_source, first.speed_class, first.duration_s = "searched", "c1", 500.0
+    law = fit_law(first, results.settings.slo.bounds(), "c1", max_num_seqs=None)
+    results.strategy = "adaptive"
+    results.speed_classes = [SpeedClassInfo(id="c1", label="every point", point_ids=[p.id for p in results.points], law=law)]
+    settled = rest[0]
+    settled.status = settled.answer_source = "predicted"
+    settled.speed_class, settled.steps, settled.failure, settled.duration_s = "c1", [], None, 0.0
+    settled.knee_prediction = KneePrediction(concurrency=3, interval=[3, 4], limit="latency", speed_class="c1", law_from=first.id)
+    settled.answer_note = f"predicted by class c1's law (from {first.id}), not started"
+    if results.best is not None:
+        results.best.others[settled.id] = settled.answer_note
+    write_results(tmp_path, results)
+    write_report(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    section = text[text.index("## How the points were answered"):]
+    section = section[: section.find("\n## ", 1)]
+    assert f"| searched | 1 | `{first.id}` |" in section
+    assert f"| predicted | 1 | `{settled.id}` |" in section
+    assert f"### Class c1 (every point): law from `{first.id}`" in section
+    assert f"| `{settled.id}` | c1 | 3 | [3, 4] | latency | no | - |" in section
+    spent = sum(p.duration_s or 0 for p in results.points)
+    assert f"Time spent on points: {spent:.0f} s. Searching the points it settled or verified would have cost about 500 s more" in section
+    # A point settled unsearched is no failure.
+    failures = text[text.index("## Failures"):] if "## Failures" in text else ""
+    failures = failures[: failures.find("\n## ", 1)]
+    assert f"| `{settled.id}` |" not in failures
+    assert "How points were answered" in (tmp_path / "report.html").read_text()
