@@ -119,10 +119,11 @@ def run(args: argparse.Namespace) -> int:
         earlier = earlier_durations(args.output)
         predict = predictor(settings)
         window = settings.replay.window(settings.slo.rules())
-        mean_tokens, corpus, predictions = None, None, {}
+        mean_tokens = None
+        # Each point's estimate, kept for the classes' block below (planner.sweep.dry_run).
+        predictions: dict = {}
         if args.request_duration_s is not None:
-            corpus = load_corpus(settings.prompts)
-            mean_tokens = mean_request_tokens(corpus.requests, settings.replay.max_tokens or 16)
+            mean_tokens = mean_request_tokens(load_corpus(settings.prompts).requests, settings.replay.max_tokens or 16)
         for point in points:
             env = " ".join(f"{k}={v}" for k, v in point.env.items())
             # The same command the sweep will run (its GPUs and CPUs are chosen only then).
@@ -138,13 +139,13 @@ def run(args: argparse.Namespace) -> int:
                 point,
                 earlier=earlier,
                 request_duration_s=args.request_duration_s,
-                prediction=predictions.setdefault(point.id, predict(point, [])) if corpus is not None else None,
+                prediction=predictions.setdefault(point.id, predict(point, [])) if args.request_duration_s is not None else None,
                 mean_request_tokens=mean_tokens,
                 min_requests=window.min_requests,
                 confirm=settings.replay.confirm_knee,
             )
             console.print(f"  {expected}", soft_wrap=True, highlight=False)
-        for line in class_lines(settings, points, predictions, mean_tokens, corpus):
+        for line in class_lines(settings, points, predictions, mean_tokens):
             console.print(line, soft_wrap=True, highlight=False, markup=False)
         return 0
     check_baseline(args)

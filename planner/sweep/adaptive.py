@@ -28,13 +28,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from planner.sweep.adaptive_point import interval_text
 from planner.sweep.classes import SpeedClass, class_of, speed_classes
 from planner.sweep.config import SweepSettings
 from planner.sweep.duration import mean_request_tokens
 from planner.sweep.executor import Executor, SweepContext, Todo
 from planner.sweep.grid import Point
 from planner.sweep.laws import fit_law, predict, queueing_seen, safe_per_gpu
-from planner.sweep.adaptive_point import interval_text
 from planner.sweep.results import AdaptiveSummary, ClassLaw, Dominance, PointPlan, PointResult, SpeedClassInfo, SweepResults
 from planner.vllm_args import fixed_flags
 from replay.corpus import Corpus
@@ -103,11 +103,15 @@ def _memory_rank(point: Point) -> tuple:
     )
 
 
-def launch_order(todo: Todo, settings: SweepSettings, corpus: Corpus) -> Todo:
-    """Highest estimated upper bound per GPU first; points the estimate cannot size after them,
-    by their memory flags. The order decides how early a point can dominate others, never whether
-    one is dropped."""
-    mean = mean_request_tokens(corpus.requests, settings.replay.max_tokens or 16)
+def corpus_mean_tokens(corpus: Corpus, settings: SweepSettings) -> float | None:
+    """A corpus request's mean length in tokens, counted roughly (planner.sweep.duration)."""
+    return mean_request_tokens(corpus.requests, settings.replay.max_tokens or 16)
+
+
+def launch_order(todo: Todo, settings: SweepSettings, mean: float | None) -> Todo:
+    """Highest estimated upper bound per GPU first (the estimate's KV tokens over `mean`, a corpus
+    request's tokens); points the estimate cannot size after them, by their memory flags. The
+    order decides how early a point can dominate others, never whether one is dropped."""
     cap = settings.replay.max_concurrency
 
     def estimated(point: Point, result: PointResult) -> float | None:
@@ -230,7 +234,7 @@ async def run_adaptive(
     runs, since that one's search may settle it."""
     settings = ctx.shared.settings
     planner = AdaptivePlanner(settings, classes, grid, ctx.results.points)
-    pending = launch_order(todo, settings, corpus)
+    pending = launch_order(todo, settings, corpus_mean_tokens(corpus, settings))
     while pending:
         best = best_confirmed(ctx.results.points, confirm=settings.replay.confirm_knee)
         batch: Todo = []

@@ -45,7 +45,6 @@ def class_lines(
     points: Sequence[Point],
     predictions: Mapping[str, object],
     mean_request_tokens: float | None,
-    corpus: object | None,
 ) -> list[str]:
     memory = settings.sweep.memory_only_flags
     classes = speed_classes(points, memory)
@@ -59,15 +58,14 @@ def class_lines(
             " others are predicted from its law, verified when they could win, and skipped (dominated, predicted)"
             " when they cannot beat the best confirmed point"
         )
-        if corpus is not None:
-            todo = []
-            for p in points:
-                r = PointResult(id=p.id, config=p.config, command=[], status="pending", fingerprint="")
-                prediction = predictions.get(p.id)
-                if isinstance(prediction, Estimate):
-                    r.kv_cache_tokens_predicted = prediction.kv_cache_tokens
-                todo.append((p, r))
-            ordered = [p for p, _ in launch_order(todo, settings, corpus)]  # type: ignore[arg-type]
+        todo = []
+        for p in points:
+            r = PointResult(id=p.id, config=p.config, command=[], status="pending", fingerprint="")
+            prediction = predictions.get(p.id)
+            if isinstance(prediction, Estimate):
+                r.kv_cache_tokens_predicted = prediction.kv_cache_tokens
+            todo.append((p, r))
+        ordered = [p for p, _ in launch_order(todo, settings, mean_request_tokens)]
         lines.append("plan, in launch order:")
     else:
         lines.append("strategy: exhaustive: every point is searched in full, in grid order ([sweep] strategy)")

@@ -67,10 +67,10 @@ strategy = "{strategy}"
     return cfg
 
 
-def sweep(tmp_path: Path, strategy: str) -> SweepResults:
+def sweep(tmp_path: Path, strategy: str) -> tuple[SweepResults, str]:
     out = tmp_path / strategy / "out"
     assert main(["sweep", "--config", str(write_config(tmp_path / strategy, strategy)), "--output", str(out)]) == 0
-    return SweepResults.model_validate_json((out / "sweep.json").read_text())
+    return SweepResults.model_validate_json((out / "sweep.json").read_text()), (out / "report.md").read_text()
 
 
 def shape(point) -> tuple:
@@ -79,8 +79,10 @@ def shape(point) -> tuple:
 
 
 @pytest.mark.timeout(900)
-def test_adaptive_finds_the_laws_best_as_exhaustive_does_searching_one_point_per_class(tmp_path):
-    adaptive = sweep(tmp_path, "adaptive")
+def test_adaptive_finds_the_laws_best_as_exhaustive_does_searching_one_point_per_class(tmp_path, capsys):
+    adaptive, report = sweep(tmp_path, "adaptive")
+    assert "adaptive: 2 searched, 0 verified, 6 predicted, 0 dominated; 0 verification(s) fell back" in capsys.readouterr().out
+    assert "## How the points were answered" in report
     by_shape = {shape(p): p for p in adaptive.points}
     assert [c.label for c in adaptive.speed_classes] == ["max_num_batched_tokens=2048", "max_num_batched_tokens=4096"]
 
@@ -105,7 +107,8 @@ def test_adaptive_finds_the_laws_best_as_exhaustive_does_searching_one_point_per
     assert (capped.concurrency, capped.interval, capped.limit) == (3, [3, 3], "max_num_seqs")
     assert adaptive.adaptive.model_dump() == {"searched": 2, "verified": 0, "predicted": 6, "dominated": 0, "fallbacks": 0}
 
-    exhaustive = sweep(tmp_path, "exhaustive")
+    exhaustive, report = sweep(tmp_path, "exhaustive")
+    assert "## How the points were answered" not in report
     assert exhaustive.adaptive is None and {p.answer_source for p in exhaustive.points} == {"searched"}
     assert shape(next(p for p in exhaustive.points if p.id == exhaustive.best.point_id)) == (2048, "4M", 64)
     assert exhaustive.best.safe_concurrency_per_gpu == adaptive.best.safe_concurrency_per_gpu == 4

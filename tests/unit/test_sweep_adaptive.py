@@ -5,6 +5,7 @@ adaptive, adaptive_point)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from types import SimpleNamespace
 
@@ -98,7 +99,6 @@ def test_strategy_defaults_to_exhaustive_and_bad_keys_are_named(tmp_path):
 def test_launch_order_puts_the_highest_bound_per_gpu_first():
     s = settings(grid={"tensor_parallel_size": [1, 2], "extra": {"kv_cache_memory_bytes": ["4M", "64M"], "max_num_seqs": [4, 256]}})
     points = expand(s)
-    corpus = SimpleNamespace(requests=[SimpleNamespace(prompt="x" * 400, messages=None, max_tokens=100)])
     todo = [(p, result(p.id)) for p in points]
 
     def shape(item) -> tuple:
@@ -106,15 +106,15 @@ def test_launch_order_puts_the_highest_bound_per_gpu_first():
         return (c["tensor_parallel_size"], c["kv_cache_memory_bytes"], c["max_num_seqs"])
 
     # Without an estimate: the memory flags (per GPU in vLLM), largest pool first, fewer GPUs first.
-    assert [shape(i) for i in launch_order(todo, s, corpus)] == [
+    assert [shape(i) for i in launch_order(todo, s, 200.0)] == [
         (1, "64M", 256), (2, "64M", 256), (1, "64M", 4), (2, "64M", 4),
         (1, "4M", 256), (2, "4M", 256), (1, "4M", 4), (2, "4M", 4),
     ]
-    # With an estimate it decides: KV tokens over the corpus's mean request (100 + 100 tokens),
+    # With an estimate it decides: KV tokens over the corpus's mean request (200 tokens),
     # capped by max_num_seqs, per GPU.
     for p, r in todo:
         r.kv_cache_tokens_predicted = 200 * (1000 if p.config["kv_cache_memory_bytes"] == "64M" else 30) * p.gpus
-    assert [shape(i) for i in launch_order(todo, s, corpus)][:4] == [(1, "64M", 256), (2, "64M", 256), (1, "4M", 256), (2, "4M", 256)]
+    assert [shape(i) for i in launch_order(todo, s, 200.0)][:4] == [(1, "64M", 256), (2, "64M", 256), (1, "4M", 256), (2, "4M", 256)]
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -336,3 +336,94 @@ def test_the_report_groups_points_by_answer_and_shows_each_law_and_prediction(tm
     failures = failures[: failures.find("\n## ", 1)]
     assert f"| `{settled.id}` |" not in failures
     assert "How points were answered" in (tmp_path / "report.html").read_text()
+
+
+# The whole strategy on made-up points -----------------------------------------------------------
+
+class LawExecutor:
+    """An executor whose points follow a known law, run as the point runner would run them: the
+    ceiling read at start-up (settled_by_bound), then a search, or the verification of a prediction,
+    that finds the true knee (its steps: a pass at it, twice, and a failure just above)."""
+
+    def __init__(self, truth: dict[str, tuple[int, int, int]], headroom: float) -> None:
+        # point id -> (latency knee, KV ceiling, max_num_seqs)
+        self.truth = truth
+        self.headroom = headroom
+        self.launched: list[str] = []
+
+    async def run(self, ctx, todo) -> None:
+        from planner.sweep.outcome import conclude
+
+        for point, r in todo:
+            self.launched.append(point.id)
+            knee, ceiling, seqs = self.truth[point.id]
+            r.search_upper_bound = ceiling
+            if settled_by_bound(r, ceiling, gpus=point.gpus, headroom=self.headroom):
+                continue
+            m = min(knee, ceiling, seqs)
+            r.steps = [step(m, "pass", 90), step(m, "pass", 90)]
+            # As the search leaves it: the lowest failure within a precision step (5%) of the pass.
+            above = min(ceiling, m + max(1, math.ceil(0.05 * m)))
+            if m < ceiling:
+                broke = "ttft_p99_ms" if above > seqs else "tpot_p50_ms"
+                r.steps.append(step(above, "fail", 110 if broke == "tpot_p50_ms" else 90, (broke,)))
+            prediction = r.knee_prediction
+            if prediction is not None:
+                prediction.verified = prediction.concurrency == m
+            r.answer_source = "verified" if prediction is not None and prediction.verified else "searched"
+            conclude(r, m, above if m < ceiling else None, upper=ceiling, limit=None, gpus=point.gpus,
+                     headroom=self.headroom, gpu_totals_mib={})
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_on_random_grids_adaptive_recommends_the_laws_best_and_never_searches_a_dominated_point(tmp_path, seed):
+    from planner.sweep.adaptive import run_adaptive
+    from planner.sweep.executor import SweepContext
+    from planner.sweep.point import PointContext
+
+    rng = random.Random(seed)
+    tokens = [512, 1024, 2048, 4096][: rng.randint(2, 4)]
+    pools = ["64M", "8M", "2M", "512K"][: rng.randint(2, 4)]
+    seqs = rng.sample([512, 256, 32, 8], rng.randint(1, 3))
+    s = settings(grid={"tensor_parallel_size": rng.choice([[1], [1, 2]]),
+                       "extra": {"max_num_batched_tokens": tokens, "kv_cache_memory_bytes": pools, "max_num_seqs": seqs}})
+    points = expand(s)
+    knees = {t: rng.randint(2, 300) for t in tokens}
+    ceilings = {p: rng.randint(1, 400) for p in pools}
+    # Knees up to 300: a search's bracket is then several requests wide, and a class's other points
+    # can beat its first one's safe concurrency only within it, which a verification settles.
+    truth = {}
+    for p in points:
+        c = p.config
+        truth[p.id] = (knees[c["max_num_batched_tokens"]] * p.gpus, ceilings[c["kv_cache_memory_bytes"]] * p.gpus, c["max_num_seqs"])
+    classes = class_of(points, s.sweep.memory_only_flags)
+    corpus = SimpleNamespace(requests=[SimpleNamespace(prompt="x" * 40, messages=None, max_tokens=10)])
+    results = SweepResults(started_at="t", settings={}, strategy="adaptive", points=[result(p.id, gpus=p.gpus) for p in points])
+    ctx = SweepContext(shared=PointContext(settings=s, corpus=corpus, output_dir=tmp_path), results=results)
+    executor = LawExecutor(truth, headroom=0.2)
+    asyncio.run(run_adaptive(executor, ctx, list(zip(points, results.points)), grid=points, classes=classes, corpus=corpus, slots=1))
+    finish(results)
+
+    def true_safe(pid: str, gpus: int) -> float:
+        return safe_per_gpu(min(truth[pid]), 0.2, gpus) or 0.0
+
+    law_best = max(true_safe(p.id, p.gpus) for p in points)
+    best = best_confirmed(results.points, confirm=True)
+    assert best is not None and best.safe_concurrency_per_gpu == law_best
+    assert all(r.status in ("ok", "dominated", "predicted") for r in results.points)
+    for r in results.points:
+        if r.status == "dominated":
+            # Exact: its ceiling could never beat the point that dominates it.
+            assert true_safe(r.id, r.gpus) <= r.dominance.by_safe_concurrency_per_gpu
+        if r.status == "predicted":
+            assert true_safe(r.id, r.gpus) <= law_best
+    # A class whose first search found its latency knee (a latency failure, every request running)
+    # is never searched again: its other points are predicted, verified or dominated. One whose
+    # first search stopped at a cap of its own says nothing above it, and searches again.
+    order = {pid: i for i, pid in enumerate(executor.launched)}
+    for cls in {c.id for c in classes.values()}:
+        searched = sorted((r for r in results.points if r.answer_source == "searched" and classes[r.id].id == cls),
+                          key=lambda r: order[r.id])
+        if searched and searched[0].binding_constraint == "tpot_p50_ms":
+            assert len(searched) == 1, [r.id for r in searched]
+    assert results.adaptive.searched + results.adaptive.verified < len(points)
