@@ -155,16 +155,20 @@ class AdaptivePlanner:
             self.learn(r)
 
     def learn(self, result: PointResult) -> None:
-        """A point searched in full and confirmed gives its class's law (the first that says
-        anything: one with a pass)."""
+        """A point searched in full and confirmed gives its class's law, or a better one: a law
+        with a pass replaces one without, and a law that found the latency knee (a failure) one
+        that stopped at a cap of its own point."""
         cls = self.classes.get(result.id)
         if cls is None or result.status != "ok" or result.answer_source not in ("searched", None):
             return
         if self.settings.replay.confirm_knee and not result.confirmed:
             return
-        law = self.laws.get(cls.id)
-        if law is None or law.max_passing is None:
-            self.laws[cls.id] = fit_law(result, self.slo, cls.id, max_num_seqs=self._max_num_seqs_by_id.get(result.id))
+        new = fit_law(result, self.slo, cls.id, max_num_seqs=self._max_num_seqs_by_id.get(result.id))
+        old = self.laws.get(cls.id)
+        if old is None or (old.max_passing is None and new.max_passing is not None) or (
+            old.min_failing is None and new.min_failing is not None
+        ):
+            self.laws[cls.id] = new
 
     def settle_before_launch(self, point: Point, result: PointResult, best: PointResult | None) -> bool:
         """Whether the point is settled without a launch (dominated by [replay] max_concurrency, or
