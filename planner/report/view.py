@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
 from planner.report.answers import answers_section
-from planner.sweep.results import NodeRank, PointResult, SweepResults
+from planner.sweep.results import KneePrediction, NodeRank, PointResult, SpeedClassInfo, SweepResults
 from replay.results import ReplayResults, StepResult
 from replay.search import bracket
 from replay.session import concurrency_history
@@ -97,6 +97,9 @@ class ReportData:
     headroom_setting: float | None = None
     # The adaptive strategy's account (planner.report.answers), as markdown lines; empty otherwise.
     answers: tuple[str, ...] = ()
+    # Its speed classes (each law plotted, planner.report.law_plots) and every prediction, by point.
+    speed_classes: tuple[SpeedClassInfo, ...] = ()
+    predictions: tuple[tuple[str, KneePrediction], ...] = ()
 
     @property
     def best(self) -> PointView | None:
@@ -160,6 +163,8 @@ def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
         started_at=sweep.started_at,
         headroom_setting=sweep.settings.slo.headroom,
         answers=tuple(answers_section(sweep)),
+        speed_classes=tuple(c for c in sweep.speed_classes if c.law is not None),
+        predictions=tuple((p.id, p.knee_prediction) for p in sweep.points if p.knee_prediction is not None),
     )
 
 

@@ -19,8 +19,13 @@ import math
 import re
 
 from planner.sweep.results import ClassLaw, KneePrediction, PointResult
-from replay.search import bracket, isotonic, predicted_knee, rule_crossing
+from replay.search import bracket, isotonic, rule_crossing
 from replay.session import concurrency_history
+
+
+# The rules a step's speed sets (replay.slo's latency keys, the client's and the server's own);
+# server_queue_* is time spent waiting for a slot, which memory sets.
+_LATENCY_RULE = re.compile(r"^(server_)?(ttft|itl|tpot|e2e)_(mean|p50|p90|p95|p99|max)_ms$")
 
 
 def fit_law(result: PointResult, slo: dict[str, float], speed_class: str, *, max_num_seqs: int | None) -> ClassLaw:
@@ -40,7 +45,8 @@ def fit_law(result: PointResult, slo: dict[str, float], speed_class: str, *, max
     measured: dict[str, list[list[float]]] = {}
     fitted: dict[str, list[list[float]]] = {}
     crossings: dict[str, float | None] = {}
-    for rule in sorted({r for p in probes for r in p.ratios}):
+    # Only the rules a step's speed sets: the KV pool's use is the point's memory, not the class's.
+    for rule in sorted({r for p in probes for r in p.ratios if _LATENCY_RULE.match(r)}):
         by_c: dict[int, list[float]] = {}
         for p in probes:
             ratio = p.ratios.get(rule)
@@ -53,22 +59,18 @@ def fit_law(result: PointResult, slo: dict[str, float], speed_class: str, *, max
         fitted[rule] = [[x, round(f, 4)] for x, f in zip(xs, fit)]
         crossing = rule_crossing(probes, rule)
         crossings[rule] = None if crossing is None else round(crossing, 3)
-    knee = predicted_knee(probes)
+    crossed = [x for x in crossings.values() if x is not None]
+    knee = min(crossed) if crossed else None
     return ClassLaw(
         speed_class=speed_class,
         from_point=result.id,
         max_passing=b.max_passing,
         min_failing=min_failing,
-        knee=None if knee is None else round(knee, 3),
+        knee=knee,
         measured=measured,
         fitted=fitted,
         crossings=crossings,
     )
-
-
-# The rules a step's speed sets (replay.slo's latency keys, the client's and the server's own);
-# server_queue_* is time spent waiting for a slot, which memory sets.
-_LATENCY_RULE = re.compile(r"^(server_)?(ttft|itl|tpot|e2e)_(mean|p50|p90|p95|p99|max)_ms$")
 
 
 def _violations_at(result: PointResult, concurrency: int) -> list[str]:

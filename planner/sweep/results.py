@@ -100,9 +100,9 @@ class ClassLaw(_Model):
     # ceiling, so the law says only that the SLOs hold up to max_passing).
     max_passing: int | None
     min_failing: int | None
-    # Where the fitted SLO ratios cross 1 (the lowest crossing over the rules), None when none does.
+    # Where the fitted ratios cross 1 (the lowest crossing over the latency rules), None when none does.
     knee: float | None
-    # Per SLO rule: the measured steps as [concurrency, measured / bound] and the isotonic fit at
+    # Per latency rule: the measured steps as [concurrency, measured / bound] and the isotonic fit at
     # the same concurrencies, and where that rule's fit crosses 1.
     measured: dict[str, list[list[float]]] = Field(default_factory=dict)
     fitted: dict[str, list[list[float]]] = Field(default_factory=dict)

@@ -336,6 +336,8 @@ def test_the_report_groups_points_by_answer_and_shows_each_law_and_prediction(tm
     failures = failures[: failures.find("\n## ", 1)]
     assert f"| `{settled.id}` |" not in failures
     assert "How points were answered" in (tmp_path / "report.html").read_text()
+    plot = tmp_path / "law-c1.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "law-c1.png" in (tmp_path / "report.html").read_text()
 
 
 # The whole strategy on made-up points -----------------------------------------------------------
