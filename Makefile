@@ -9,12 +9,12 @@ PY := $(VENV)/bin/python
 DEMO_OUT ?= results/cpu-demo
 PYTEST_ARGS ?=
 
-.PHONY: install vllm model prometheus chromium demo test unit integration e2e bench clean
+.PHONY: install vllm model prometheus chromium demo test unit integration e2e bench docs docs-serve docs-ref clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,ray]'
+	$(PY) -m pip install --quiet -e '.[test,ray,docs]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -62,5 +62,19 @@ e2e: install model
 bench: install model
 	PLANNER_TINY_MODEL=$(CURDIR)/$(MODEL_DIR) $(PY) benchmarks/client_overhead.py
 
+# The documentation site, into site/: the reference pages are checked against the code first, then
+# `mkdocs build --strict` fails on any broken link, missing page or unknown anchor.
+docs: install
+	$(PY) scripts/gen_docs_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The built site on http://127.0.0.1:8000 (search included), until Ctrl-C.
+docs-serve: docs
+	$(PY) -m http.server --bind 127.0.0.1 --directory site 8000
+
+# Rewrites docs/reference/ from the code (commands, config keys, result fields, metrics, errors).
+docs-ref: install
+	$(PY) scripts/gen_docs_reference.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

@@ -42,26 +42,42 @@ class _Model(BaseModel):
 
 
 class Capacity(_Model):
+    # Tokens the KV cache holds, as the server reported.
     kv_cache_tokens: int | None = None
+    # vLLM's own maximum concurrency at max_model_len (its start-up line).
     max_concurrency_reported: float | None = None
     # The max_model_len that max_concurrency_reported is quoted for.
     max_model_len: int | None = None
+    # Tokens per KV block.
     block_size: int | None = None
+    # KV blocks in the pool.
     num_gpu_blocks: int | None = None
     # Where kv_cache_tokens came from: "log", "metrics", or "log+metrics" when both agreed.
     source: str | None = None
     # Both figures when the log and vllm:cache_config_info disagree (they should not).
     log_kv_cache_tokens: int | None = None
+    # The KV tokens vllm:cache_config_info implies.
     metrics_kv_cache_tokens: int | None = None
+    # Memory vLLM gave the KV cache (its log).
     available_kv_cache_gib: float | None = None
+    # The weights' memory (its log).
     model_weights_gib: float | None = None
+    # How long loading the weights took (its log).
     model_load_s: float | None = None
+    # Memory of the CUDA graphs (its log).
     cuda_graph_gib: float | None = None
 
 
 class Failure(_Model):
+    # The classified failure: kv_too_small, no_kv_memory, gpu_oom, world_size_too_large,
+    # heads_not_divisible, max_model_len_too_long, not_enough_gpus (infeasible), or bad_flag,
+    # timeout, crashed, server_died, node_lost, ... (failed).
     kind: FailureKind
+    # What the server or the planner said.
     message: str
+    # For kv_too_small: vLLM's largest max-model-len that fits.
     estimated_max_model_len: int | None = None
+    # The server's exit code.
     exit_code: int | None = None
+    # The last lines of the server's log.
     log_tail: list[str] = Field(default_factory=list)

@@ -19,7 +19,9 @@ from planner.interrupt import Terminated
 from replay.errors import ReplayError
 
 # planner.commands.NAME for each; `planner --help` lists them in this order.
-COMMANDS: tuple[str, ...] = ("init", "replay", "report", "compare", "sweep", "prompts", "estimate", "measure_train")
+COMMANDS: tuple[str, ...] = (
+    "init", "replay", "report", "compare", "sweep", "prompts", "estimate", "measure_train", "export",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,19 +23,32 @@ from planner.capacity import Failure
 
 
 class PlannerError(Exception):
-    pass
+    """Base class of every error the planner raises on purpose.
+
+    What to do: read the one line it printed: it names what, where and what is valid."""
 
 
 class ConfigError(PlannerError):
-    pass
+    """A settings file, environment variable or flag is invalid: the message names the key or flag,
+    its line in the file, and what is valid.
+
+    What to do: fix that key or flag; `planner sweep --config FILE --dry-run` checks a file
+    without starting anything."""
 
 
 class LaunchError(PlannerError):
-    pass
+    """A vLLM server could not be launched for a reason that is not the point's own: the command is
+    missing, no port is free, the launcher was misused.
+
+    What to do: check `[server] command` (is `vllm` on PATH, in the right environment?) and the
+    ports in use."""
 
 
 class ServerStartFailed(PlannerError):
-    """The server did not become ready; `failure` says why (classified from its log)."""
+    """The server did not become ready; `failure` says why (classified from its log).
+
+    What to do: a sweep records it as the point's `failure` and goes on; read the point's
+    server.log (its path is in the message), and see `failure.kind` in the result fields."""
 
     def __init__(self, failure: Failure, log_path: Path) -> None:
         self.failure = failure
@@ -45,8 +58,11 @@ class ServerStartFailed(PlannerError):
 
 class PeerLost(PlannerError):
     """A headless rank's node (or its actor) went away. The point's task raises it so that Ray
-    reruns the whole point ([executor] max_retries), as for rank 0's own node. Its second argument
-    is the end of rank 0's log, for the node_lost failure once no rerun is left."""
+    reruns the whole point ([executor] max_retries), as for rank 0's own node. Its second
+    argument is the end of rank 0's log, for the node_lost failure once no rerun is left.
+
+    What to do: nothing while reruns are left; once `[executor] max_retries` are spent the point
+    is `failed` with kind `node_lost`: check the node, then `--resume`."""
 
     def __init__(self, message: str, log_tail: list[str] | None = None) -> None:
         super().__init__(message, log_tail or [])
@@ -58,12 +74,22 @@ class PeerLost(PlannerError):
 
 
 class PeerStartFailed(PlannerError):
-    """A headless rank's server command could not be run at all (the point fails, no rerun)."""
+    """A headless rank's server command could not be run at all (the point fails, no rerun).
+
+    What to do: check that every node has the server command (`[server] command`) and the model."""
 
 
 class EstimateError(PlannerError):
-    pass
+    """A model cannot be sized: a config.json with missing or unknown keys, a model that cannot be
+    read (no such model, no access, gated, unknown revision, not in the cache while offline).
+
+    What to do: check the model's name or folder; for a gated Hub model accept its licence and
+    set HF_TOKEN."""
 
 
 class ReportError(PlannerError):
-    pass
+    """A results folder cannot be read or rendered (no sweep.json or replay.json, not valid JSON,
+    not a results file).
+
+    What to do: point `planner report` (or `compare`) at the folder a run wrote, or at its JSON
+    file."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
 
+from planner import cost
 from replay.results import ReplayResults, StepResult
 
 
@@ -121,12 +123,16 @@ def replay_summary(results: ReplayResults) -> list[str]:
     return lines
 
 
-def sweep_table(results) -> Table:
+def sweep_table(results, gpu_hour_price: Sequence[str] = ()) -> Table:
     table = Table(title="sweep", title_justify="left")
+    priced = cost.prices(gpu_hour_price, cost.saved_gpu_hour(results.settings.model_extra))
     for name in ["point", "status", "KV tokens", "reported conc.", "bound", "bound (cache)", "max passing", "safe", "safe/GPU",
-                 "out tok/s/GPU", "binding constraint"]:
+                 "out tok/s/GPU", "binding constraint"] + (["$/h/replica", "$/1M out tok"] if priced else []):
         table.add_column(name, justify="left" if name in ("point", "status", "binding constraint") else "right")
     for p in results.points:
+        price = priced.for_gpu(p.gpu_model) if priced and p.safe_concurrency else None
+        c = cost.point_cost(price, p.gpus, p.output_tokens_per_s_per_gpu) if price else None
+        money = [cost.money(c.per_replica_hour), cost.money(c.per_million_output_tokens)] if c else ["-", "-"]
         status = p.status if p.failure is None else f"{p.status} ({p.failure.kind})"
         table.add_row(
             p.id,
@@ -140,6 +146,7 @@ def sweep_table(results) -> Table:
             fmt(p.safe_concurrency_per_gpu, 2),
             fmt(p.output_tokens_per_s_per_gpu, 0),
             p.binding_constraint or "-",
+            *(money if priced else []),
         )
     return table
 

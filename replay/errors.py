@@ -17,10 +17,17 @@ from __future__ import annotations
 
 
 class ReplayError(Exception):
-    """Base class of every error replay raises on purpose."""
+    """Base class of every error replay raises on purpose.
+
+    What to do: read the one line it printed: it names what, where and what is valid."""
 
 
 class CorpusError(ReplayError):
+    """A corpus line or file is invalid; the message starts with FILE:LINE.
+
+    What to do: fix that line (see the corpus format in Replaying production traffic), or pass
+    --skip-invalid to skip and count bad lines."""
+
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
         self.path = path
         self.line = line
@@ -29,26 +36,43 @@ class CorpusError(ReplayError):
 
 
 class SloSpecError(ReplayError):
-    pass
+    """An SLO key or value cannot be parsed (--slo, or a key of [slo]).
+
+    What to do: use a key the message lists, with a number: `ttft_p99_ms=800`."""
 
 
 class StepAborted(ReplayError):
-    pass
+    """A step was stopped because its server went away.
+
+    What to do: read the server's log; in a sweep the point is `failed` (`server_died`) with the
+    steps it finished."""
 
 
 class ServerError(ReplayError):
-    pass
+    """The server cannot be used for a replay at all.
+
+    What to do: see the kind below."""
 
 
 class ServerUnreachable(ServerError):
-    pass
+    """Nothing answers at the URL.
+
+    What to do: start the server, or correct --url (env PLANNER_URL)."""
 
 
 class AuthError(ServerError):
-    pass
+    """The server rejected the API key (HTTP 401/403).
+
+    What to do: pass the server's key with --api-key (env PLANNER_API_KEY; [server] api_key in a
+    sweep)."""
 
 
 class ModelNotServed(ServerError):
+    """The requested model is not in the server's /v1/models.
+
+    What to do: pass one of the served models the message lists with --model, or leave --model
+    out to use the first."""
+
     def __init__(self, model: str, served: list[str]) -> None:
         self.model = model
         self.served = served

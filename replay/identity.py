@@ -36,20 +36,30 @@ class ModelIdentity(_Model):
     # sha256 of config.json (and the tokenizer and generation files) and of every weight file's
     # name and size; None when the planner could not read the model's folder.
     sha256: str | None = None
+    # config.json's torch_dtype, overridden by --dtype.
     dtype: str | None = None
+    # config.json's quantization_config.quant_method, overridden by --quantization.
     quantization: str | None = None
+    # --kv-cache-dtype.
     kv_cache_dtype: str | None = None
+    # --max-model-len.
     max_model_len: int | None = None
 
 
 class Hardware(_Model):
     # "gpu" (nvidia-smi answered) or "cpu" (the CPU build, or a machine without nvidia-smi).
     kind: str
+    # The GPU's (nvidia-smi's name) or CPU's model.
     model: str | None = None
+    # How many GPUs.
     count: int = 0
+    # Memory per GPU in MiB.
     memory_mib: int | None = None
+    # NVIDIA's driver version (nvidia-smi).
     driver_version: str | None = None
+    # The CUDA version the driver supports (nvidia-smi).
     cuda_version: str | None = None
+    # The CPU's model.
     cpu_model: str | None = None
     # "local": this machine, where the planner started the server; "client": the machine the
     # replay ran on, which may not be the server's.
@@ -57,18 +67,28 @@ class Hardware(_Model):
 
 
 class Identity(_Model):
+    # The planner's version.
     planner_version: str | None = None
+    # vLLM's version: a sweep asks the server command before the first point (else what the servers
+    # said); a replay reads the server's /version.
     vllm_version: str | None = None
     # What the server says of its build beyond the version (vLLM's /version has only the version).
     vllm_build: str | None = None
+    # The model measured.
     model: ModelIdentity = Field(default_factory=ModelIdentity)
     # The server's command-line flags (secrets redacted) and the environment variables set for it;
     # None when the planner did not start the server (`planner replay` against a URL).
     server_command: list[str] | None = None
+    # [server] args, secrets redacted; a point's own flags are its config (null for planner replay).
     server_flags: list[str] | None = None
+    # [server] env, secrets redacted (null for planner replay).
     server_env: dict[str, str] | None = None
+    # What it ran on; with the Ray executor, the driver's (each point's gpu_model says where it
+    # ran).
     hardware: Hardware | None = None
+    # The corpus's SHA-256.
     corpus_sha256: str | None = None
+    # The SLO bounds.
     slo: dict[str, float] = Field(default_factory=dict)
 
 

@@ -29,11 +29,17 @@ class _Model(BaseModel):
 
 
 class LatencySummary(_Model):
+    # The mean over the window's measured requests.
     mean: float | None = None
+    # The median.
     p50: float | None = None
+    # The 90th percentile.
     p90: float | None = None
+    # The 95th percentile.
     p95: float | None = None
+    # The 99th percentile.
     p99: float | None = None
+    # The largest value measured.
     max: float | None = None
     # 95% intervals in arrival order (see replay.intervals): {"mean": [lo, hi], "p50": [lo, hi], ...};
     # a side is null where the sample is too small for a finite bound; absent in older files.
@@ -41,9 +47,12 @@ class LatencySummary(_Model):
 
 
 class LoadSpec(_Model):
+    # concurrency (closed loop), rate (open loop, Poisson arrivals) or trace (the corpus's
+    # timestamp_s).
     mode: LoadMode
     # concurrency: requests in flight; rate: requests per second; trace: speed factor
     value: float
+    # The seed of an open-loop load's arrivals.
     seed: int | None = None
 
 
@@ -55,49 +64,85 @@ class ServerLatency(_Model):
     resolution. `count` is the number of observations in the window.
     """
 
+    # Observations in the window.
     count: float = 0
+    # The exact mean (_sum / _count).
     mean: float | None = None
+    # The median, interpolated as PromQL's histogram_quantile does.
     p50: float | None = None
+    # The 90th percentile, interpolated likewise.
     p90: float | None = None
+    # The 95th percentile, interpolated likewise.
     p95: float | None = None
+    # The 99th percentile, interpolated likewise.
     p99: float | None = None
+    # The bucket [lower, upper] the median fell in (upper null: above the highest finite bucket).
     p50_bucket_ms: tuple[float, float | None] | None = None
+    # The bucket the 90th percentile fell in.
     p90_bucket_ms: tuple[float, float | None] | None = None
+    # The bucket the 95th percentile fell in.
     p95_bucket_ms: tuple[float, float | None] | None = None
+    # The bucket the 99th percentile fell in.
     p99_bucket_ms: tuple[float, float | None] | None = None
 
 
 class ServerSummary(_Model):
+    # The server exported vLLM's metrics at /metrics; false: the SLOs that need them are in
+    # slo_unverified.
     metrics_available: bool = False
     # Why metrics are missing, when they are ("no vllm:* metrics at /metrics", "HTTP 404", ...).
     metrics_note: str | None = None
+    # /metrics scrapes during the step (about one a second).
     samples: int = 0
     # False when /metrics answered during the step but no sample fell inside the window or near
     # its edges (a scrape stalled on a busy server): the gauges' peaks are then unknown (null).
     window_sampled: bool = True
+    # The highest vllm:kv_cache_usage_perc seen during the window (0-1).
     kv_cache_usage_peak: float | None = None
+    # The change in vllm:num_preemptions_total across the window.
     preemptions: float | None = None
+    # The most requests vLLM ran at once (vllm:num_requests_running).
     running_peak: float | None = None
+    # The most requests waiting in vLLM's queue (vllm:num_requests_waiting).
     waiting_peak: float | None = None
     # vLLM's own latency histograms over the window (null: not exported, or counters reset).
+
+    # Time to first token (vllm:time_to_first_token_seconds).
     ttft_ms: ServerLatency | None = None
+    # Inter-token latency (vllm:inter_token_latency_seconds, or the older
+    # vllm:time_per_output_token_seconds).
     itl_ms: ServerLatency | None = None
+    # Time per output token per request (vllm:request_time_per_output_token_seconds).
     tpot_ms: ServerLatency | None = None
+    # End-to-end latency (vllm:e2e_request_latency_seconds).
     e2e_ms: ServerLatency | None = None
+    # Time spent waiting in the queue (vllm:request_queue_time_seconds).
     queue_ms: ServerLatency | None = None
+    # Prefill time (vllm:request_prefill_time_seconds).
     prefill_ms: ServerLatency | None = None
+    # Decode time (vllm:request_decode_time_seconds).
     decode_ms: ServerLatency | None = None
     # Counter deltas over the window.
+
+    # Requests vLLM finished over the window.
     requests_finished: float | None = None
+    # Prompt tokens the server processed.
     prompt_tokens: float | None = None
+    # Tokens the server generated.
     generation_tokens: float | None = None
     # vLLM's prefix cache over the window: prompt tokens looked up and found (vllm:prefix_cache_*),
     # and hits / queries; external_: a KV connector's cross-instance cache, when it has one.
     prefix_cache_queries: float | None = None
+    # Prompt tokens found in vLLM's prefix cache (vllm:prefix_cache_hits).
     prefix_cache_hits: float | None = None
+    # prefix_cache_hits / prefix_cache_queries; null when nothing was queried or the server does not
+    # export them.
     prefix_cache_hit_rate: float | None = None
+    # The same for a KV connector's cross-instance cache; null without one.
     external_prefix_cache_queries: float | None = None
+    # Prompt tokens found in a KV connector's cache; null without one.
     external_prefix_cache_hits: float | None = None
+    # external_prefix_cache_hits / external_prefix_cache_queries.
     external_prefix_cache_hit_rate: float | None = None
     # A counter went back between the window's snapshots (a restarted server).
     counter_reset: bool = False
@@ -110,21 +155,29 @@ class ClientSummary(_Model):
     send_lag_p99_ms: float | None = None
     # How late the event loop woke against a 10 ms ticker, for every load mode.
     loop_lag_p99_ms: float | None = None
+    # The client, not the server, may have been the limit: send lag or loop lag p99 above 50 ms.
     client_limited: bool = False
+    # Why client_limited was set.
     note: str | None = None
     # Requests the client saw finish between the server's two /metrics snapshots (at the window's
     # open and close; the window itself without them), to compare with the server's count.
     requests_finished: int | None = None
     # Client minus server (vLLM's histograms) over the same window.
+
+    # The client's mean TTFT minus vLLM's.
     ttft_mean_minus_server_ms: float | None = None
+    # The client's mean TPOT minus vLLM's.
     tpot_mean_minus_server_ms: float | None = None
+    # requests_finished minus the server's count over the same snapshots.
     requests_minus_server: float | None = None
     # The client's TTFT exceeds the server's by more than the threshold: the client side
     # (its machine, its event loop, the network), not the engine, added that latency.
     client_or_network_latency: bool = False
+    # Why client_or_network_latency was set, with the figures.
     latency_note: str | None = None
     # Chunks that arrived together (their gap below the clock's resolution): left out of ITL.
     itl_bursts: int = 0
+    # The chunk gaps of those bursts (counted apart, as planner_itl_burst_gaps_total).
     itl_burst_gaps: int = 0
     # Connects tried again by the measured requests before their connection opened (each waited
     # for it, inside its latency); a connect that failed every try is an error of kind "connect".
@@ -134,12 +187,16 @@ class ClientSummary(_Model):
 class TurnLatency(_Model):
     """One turn number's figures over a step's measured session turns."""
 
+    # Measured turns with this turn number.
     count: int
+    # Their time to first token.
     ttft_ms: LatencySummary
+    # Their end-to-end latency.
     e2e_ms: LatencySummary
     # Mean prompt tokens sent at this turn (the server's usage), and of them the history resent
     # (the previous turn's prompt plus its output); null where the server sent no usage.
     prompt_tokens_mean: float | None = None
+    # Mean history tokens resent at this turn.
     resent_tokens_mean: float | None = None
 
 
@@ -147,12 +204,19 @@ class SessionSummary(_Model):
     """A session corpus's step: users (sessions in flight) against requests in flight, both
     time-weighted over the window, and what completed inside it."""
 
+    # Sessions (users) in flight, time-weighted over the window.
     sessions_in_flight_mean: float | None = None
+    # The most sessions in flight at once.
     sessions_in_flight_peak: int | None = None
+    # Requests in flight, time-weighted over the window (users who read hold none).
     requests_in_flight_mean: float | None = None
+    # The most requests in flight at once.
     requests_in_flight_peak: int | None = None
+    # Sessions started inside the window.
     sessions_started: int = 0
+    # Sessions that finished their last turn inside the window.
     sessions_completed: int = 0
+    # Turns (requests) completed inside the window.
     turns_completed: int = 0
     # Keyed by turn number ("1", "2", ...): the cost of a growing context.
     by_turn: dict[str, TurnLatency] = Field(default_factory=dict)
@@ -161,29 +225,48 @@ class SessionSummary(_Model):
 
 
 class StepResult(_Model):
+    # The load this step held.
     load: LoadSpec
+    # When the step started (UTC, ISO 8601).
     started_at: str
+    # Unmeasured requests sent before the window opened.
     warmup_requests: int
+    # The measurement window's length in seconds.
     window_s: float
+    # Measured requests that succeeded.
     requests_ok: int
+    # Measured requests that failed (see errors).
     requests_failed: int
     # Still running when the window closed: finished but not counted.
     requests_drained: int = 0
+    # Failed requests by kind: connect, timeout, http_<status>, broken_stream, server_error.
     errors: dict[str, int] = Field(default_factory=dict)
+    # One message per error kind, as the server or the connection gave it.
     error_samples: dict[str, str] = Field(default_factory=dict)
+    # Time to first token of the measured requests.
     ttft_ms: LatencySummary
+    # Gaps between consecutive content chunks (inter-token latency), bursts left out.
     itl_ms: LatencySummary
+    # Time per output token after the first, per request.
     tpot_ms: LatencySummary
+    # End-to-end latency of the measured requests.
     e2e_ms: LatencySummary
+    # Requests that finished inside the window, per second.
     requests_per_s: float
+    # Prompt tokens per second (null without usage).
     input_tokens_per_s: float | None
+    # Output tokens per second.
     output_tokens_per_s: float
     # "usage" when every counted request carried a usage chunk; "chunks" when the server sent
     # none and tokens were counted as content chunks; "mixed" otherwise.
     tokens_source: Literal["usage", "chunks", "mixed", "none"]
+    # What vLLM's /metrics said over the window.
     server: ServerSummary
+    # The client's self-checks and the client-against-server comparison.
     client: ClientSummary
+    # True only when slo_verdict is pass.
     slo_pass: bool
+    # Every SLO that kept the step from passing (failed or inconclusive).
     slo_violations: list[str] = Field(default_factory=list)
     # SLOs that could not be checked (no vLLM metrics for max_preemptions, ...).
     slo_unverified: list[str] = Field(default_factory=list)
@@ -192,12 +275,17 @@ class StepResult(_Model):
     # Three-valued SLO verdicts (pass: the whole 95% interval meets the bound; fail: it breaks it;
     # inconclusive: otherwise). slo_pass is true only for "pass"; absent in older files.
     slo_verdict: Verdict | None = None
+    # The verdict of each SLO: pass, fail, inconclusive or unresolved.
     slo_verdicts: dict[str, Verdict] = Field(default_factory=dict)
+    # 95% interval of requests_per_s (batch means over ten slices of the window).
     requests_per_s_ci95: list[float | None] | None = None
+    # 95% interval of output_tokens_per_s.
     output_tokens_per_s_ci95: list[float | None] | None = None
     # Measured requests that met every per-request latency bound (see replay.slo.per_request_bounds).
     slo_attainment: float | None = None
+    # Its 95% interval (Wilson, on the effective sample size).
     slo_attainment_ci95: list[float | None] | None = None
+    # requests_per_s x slo_attainment.
     goodput_requests_per_s: float | None = None
     # Early measured requests dropped as not yet in steady state (replay.steady).
     steady_state_dropped: int = 0
@@ -207,6 +295,7 @@ class StepResult(_Model):
     # The window's time limit (max_window_s, or sized from the warm-up), and the warm-up's mean
     # request duration it was sized from.
     window_limit_s: float | None = None
+    # The warm-up's mean request duration, which window_limit_s was sized from.
     request_duration_s: float | None = None
     # Filled in by planner sweep: peak used memory per GPU during the step.
     gpu_memory_peak_mib: dict[str, float] | None = None
@@ -216,31 +305,48 @@ class StepResult(_Model):
 
 
 class CorpusInfo(_Model):
+    # The corpus file.
     path: str
+    # Its SHA-256.
     sha256: str
+    # Requests (session turns) read from it.
     requests: int
+    # Bad lines skipped (--skip-invalid).
     skipped_invalid: int = 0
     # Session corpora: how many sessions the requests (turns) make up; absent otherwise.
     sessions: int | None = None
 
 
 class ReplayResults(_Model):
+    # The file's format version.
     schema_version: int = SCHEMA_VERSION
+    # When the run started (UTC, ISO 8601).
     started_at: str
+    # The server's base URL.
     url: str
+    # The model the requests named.
     model: str
+    # The endpoint: completions or chat.
     api: Literal["completions", "chat"]
+    # The prompt corpus.
     corpus: CorpusInfo
+    # The replay settings as run ([replay] keys), the seed included.
     settings: dict[str, Any]
+    # The SLO bounds, by key.
     slo: dict[str, float]
     # What was measured: the server's version, the model, the hardware, ... (None in version 1).
     identity: Identity | None = None
+    # Every step, in the order run.
     steps: list[StepResult] = Field(default_factory=list)
+    # The run searched for the highest passing concurrency.
     find_max: bool = False
     # What the concurrencies count: "sessions" (users) for a session corpus; absent: requests.
     concurrency_unit: Literal["requests", "sessions"] | None = None
+    # The highest concurrency whose steps passed (confirmed when confirmed is true).
     max_passing_concurrency: int | None = None
+    # The lowest concurrency that failed or was inconclusive.
     min_failing_concurrency: int | None = None
+    # The SLOs the lowest failing step broke.
     binding_constraint: str | None = None
     # The search re-measured max_passing_concurrency on fresh prompts and it passed again.
     confirmed: bool | None = None
@@ -250,9 +356,11 @@ class ReplayResults(_Model):
     unresolved_concurrency: list[int] = Field(default_factory=list)
     # Where the search began and why (the saturation probe's count, max_concurrency, start_concurrency).
     search_start: int | None = None
+    # Why the search began there.
     search_start_reason: str | None = None
     # The search stopped on [replay] point_budget_s before it was done.
     budget_exhausted: bool = False
+    # The run was stopped (Ctrl-C or SIGTERM); the finished steps are kept.
     interrupted: bool = False
 
     @model_validator(mode="before")

@@ -13,46 +13,66 @@ from replay.step import Window
 class ReplaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # The endpoint: /v1/completions, or /v1/chat/completions (corpus lines in messages form always go there).
     api: Literal["completions", "chat"] = "completions"
     # Output length for requests whose corpus line has no max_tokens (None: the server's default).
     max_tokens: int | None = Field(default=None, ge=1)
     # Ask vLLM to keep generating to max_tokens, so the corpus's output lengths are really produced.
     ignore_eos: bool = True
+    # The longest one request may take before it fails as a timeout.
     request_timeout_s: float = Field(default=600.0, gt=0)
     # The loads to run, in order (closed-loop concurrency, open-loop Poisson rates, or the trace).
+
+    # Closed-loop loads: this many requests (or sessions) in flight at all times.
     concurrency: list[int] = Field(default_factory=list)
+    # Open-loop loads: Poisson arrivals at these rates, requests (or sessions) a second, seeded with seed.
     rate: list[float] = Field(default_factory=list)
+    # Replay the corpus's timestamp_s arrivals.
     trace: bool = False
+    # Speed-up of the trace's arrivals (2: twice as fast).
     trace_speed: float = Field(default=1.0, gt=0)
+    # Seed of the open-loop arrivals and think times; saved with the results.
     seed: int = 0
     # Session corpora: the user's reading time before a turn whose line has no think_time_s,
     # its mean in seconds and its distribution (replay.conversation.ThinkTime).
     think_time_s: float = Field(default=0.0, ge=0)
+    # Think times drawn around think_time_s: exponential, or fixed (always the mean).
     think_time_distribution: Literal["fixed", "exponential"] = "exponential"
     # Measurement windows (see replay.step).
+
+    # Unmeasured requests before each window opens (None: the step's concurrency).
     warmup_requests: int | None = Field(default=None, ge=0)
+    # Unmeasured warm-up time before the window opens, besides warmup_requests.
     warmup_s: float = Field(default=0.0, ge=0)
-    # None: what the SLOs' percentiles need for a finite bound (368 for a p99), at least 100.
+    # The fewest measured requests a window closes on. None: what the SLOs' percentiles need for a
+    # finite bound (368 for a p99), at least 100.
     min_requests: int | None = Field(default=None, ge=1)
     # An inconclusive window measures on to this many requests (None: 4 x min_requests).
     max_requests: int | None = Field(default=None, ge=1)
+    # The least time a window stays open, whatever its request count.
     min_window_s: float = Field(default=0.0, ge=0)
     # The window's time limit. None: sized from the request duration the warm-up measured (twice
     # the expected wall time of max_requests; replay.step).
     max_window_s: float | None = Field(default=None, gt=0)
     # The longest a warm-up may take before the server counts as stalled (with max_window_s unset).
     warmup_timeout_s: float = Field(default=600.0, gt=0)
+    # How often the server's /metrics is scraped during a step, in seconds.
     metrics_interval_s: float = Field(default=1.0, gt=0)
     # A step is flagged client_or_network_latency when the client's mean TTFT exceeds vLLM's by
     # more than the larger of these two (replay.crosscheck).
     client_ttft_excess_ms: float = Field(default=10.0, ge=0)
+    # The fraction of vLLM's mean TTFT that the client's may exceed it by (see client_ttft_excess_ms).
     client_ttft_excess_fraction: float = Field(default=0.10, ge=0)
     # The search for the highest passing concurrency.
+
+    # Search for the highest concurrency that meets the SLOs (replay --find-max); a sweep always searches.
     find_max: bool = False
     # The first probe. None: the capacity bound (a sweep), max_concurrency, or the saturation
     # probe's count (replay.saturation).
     start_concurrency: int | None = Field(default=None, ge=1)
+    # The highest concurrency the search may probe (a sweep: also caps the capacity bound).
     max_concurrency: int | None = Field(default=None, ge=1)
+    # The search ends when its bracket is within one request or this fraction.
     precision: float = Field(default=0.05, gt=0, lt=1)
     # Requests the saturation probe sends at once.
     saturation_requests: int = Field(default=256, ge=1)

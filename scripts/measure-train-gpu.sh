@@ -1,6 +1,6 @@
 #!/bin/bash
 # The training estimate against what PyTorch holds on a CUDA GPU: six random-weight Llama-shaped
-# cases (full, checkpointing, fp32, LoRA, pure bf16), one `planner measure-train` each. The README's
+# cases (full, checkpointing, fp32, LoRA, pure bf16), one `planner measure-train` each. docs/guides/memory.md's
 # table of GPU cases is this script's output.
 #
 #   bash scripts/measure-train-gpu.sh OUT_DIR [PYTHON]

@@ -39,7 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
             "With a target load, also size the fleet for every feasible point."
         ),
     )
-    p.add_argument("results", type=Path, metavar="DIR", help="a folder holding sweep.json or replay.json")
+    p.add_argument(
+        "results",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="a folder holding sweep.json or replay.json; with several (sweeps on different machines) and a"
+        " target, rank every measured point by the fleet's cost instead",
+    )
     p.add_argument(
         "--target-rps",
         type=_positive_float,
@@ -54,13 +61,35 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="C",
         help="size the fleet for C concurrent requests (env PLANNER_TARGET_CONCURRENCY)",
     )
+    p.add_argument(
+        "--gpu-hour-price",
+        action="append",
+        default=[],
+        metavar="PRICE|TYPE=PRICE",
+        help="dollars per GPU-hour: PRICE for every GPU, or TYPE=PRICE for one GPU type (H100=2.49), repeatable;"
+        " over the sweep config's [cost] gpu_hour. No prices are built in",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.report import write_report
+    from planner.report import rank_sweeps, write_report
 
-    paths = write_report(args.results, target_rps=args.target_rps, target_concurrency=args.target_concurrency)
+    if len(args.results) > 1:
+        text = rank_sweeps(
+            args.results,
+            target_rps=args.target_rps,
+            target_concurrency=args.target_concurrency,
+            gpu_hour_price=args.gpu_hour_price,
+        )
+        Console(soft_wrap=True).print(text, markup=False, highlight=False, end="")
+        return 0
+    paths = write_report(
+        args.results[0],
+        target_rps=args.target_rps,
+        target_concurrency=args.target_concurrency,
+        gpu_hour_price=args.gpu_hour_price,
+    )
     console = Console()
     for path in paths:
         console.print(str(path), highlight=False, soft_wrap=True)

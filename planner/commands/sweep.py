@@ -7,6 +7,7 @@ import os
 import shlex
 from pathlib import Path
 
+from planner import cost
 from planner import cpus as cpus_mod
 from planner import interrupt
 from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
@@ -66,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="size a fleet for this many requests/s in the report (env PLANNER_TARGET_RPS)")
     p.add_argument("--target-concurrency", type=int, default=env_default("PLANNER_TARGET_CONCURRENCY"),
                    help="size a fleet for this many concurrent requests in the report (env PLANNER_TARGET_CONCURRENCY)")
+    p.add_argument("--gpu-hour-price", action="append", default=[], metavar="PRICE|TYPE=PRICE",
+                   help="dollars per GPU-hour for the table's and the report's cost: PRICE for every GPU or TYPE=PRICE,"
+                   " repeatable (over [cost] gpu_hour)")
     p.add_argument("--executor", choices=("local", "ray"), default=None,
                    help="where points run: this machine or a Ray cluster (overrides [executor] kind; env PLANNER_EXECUTOR__KIND)")
     add_baseline_args(p)
@@ -112,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if args.config is None and args.model is None and not os.environ.get("PLANNER_SERVER__MODEL"):
         raise ConfigError("give --config FILE (see examples/), or --model for a sweep from flags (with --grid, --slo and --prompts)")
     settings = load_settings(args.config, overrides_from_args(args))
+    # A mistyped price must not wait for the end of the sweep to be found.
+    cost.parse_flag_prices(args.gpu_hour_price)
     console = stdout_console()
     points = expand(settings)
     if args.dry_run:
@@ -166,8 +172,9 @@ def run(args: argparse.Namespace) -> int:
                 cpus=pinned,
             )
         )
-    written = write_report(args.output, target_rps=args.target_rps, target_concurrency=args.target_concurrency)
-    console.print(sweep_table(results))
+    written = write_report(args.output, target_rps=args.target_rps, target_concurrency=args.target_concurrency,
+                           gpu_hour_price=args.gpu_hour_price)
+    console.print(sweep_table(results, args.gpu_hour_price))
     for line in sweep_summary(results):
         console.print(line, soft_wrap=True, highlight=False)
     console.print(f"results: {args.output / RESULTS_FILE}; report: {written[0]}, {written[0].with_name(HTML_FILE)}")

@@ -4,9 +4,9 @@ vLLM sizes its budget from the device's total memory as torch sees it
 (`torch.cuda.mem_get_info`), which is a little below the marketing figure: an "80 GB" H100
 reports about 79.2 GiB. The figures below are those reported totals, rounded to 0.01 GiB, from
 published vLLM and PyTorch logs where one was found (H100 79.22 GiB and A100 40 GB 39.38 GiB
-appear in the logs cited in the README); the others are the marketing capacity less the usual
-ECC/driver reservation, and may be off by a few hundred MiB. `--gpu-memory-gib` overrides the
-catalogue, and so does PLANNER_GPU_MEMORY_GIB.
+appear in the logs cited in docs/guides/memory.md); the others are the marketing capacity less
+the usual ECC/driver reservation, and may be off by a few hundred MiB. `--gpu-memory-gib`
+overrides the catalogue, and so does PLANNER_GPU_MEMORY_GIB.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ predicts each term from the architecture:
     CUDA graphs = cuda_graphs_gib, 0 with enforce_eager
     reserve     = reserve_gib, kept back for allocator fragmentation (yours to set)
 
-The constants were fitted to published start-up logs (see the README's "Calibration" section);
+The constants were fitted to published start-up logs (see "Calibration" in docs/guides/memory.md);
 every one can be overridden, on the command line or in a sweep's settings.
 """
 
@@ -47,7 +47,8 @@ class WorkingMemoryModel(BaseModel):
     sampler_copies: float = Field(2.0, ge=0, description="fp32 logits-sized buffers the sampler holds at once")
     reserve_gib: float = Field(0.0, ge=0, description="extra reserve for allocator fragmentation")
     # The verdict calls a margin clear only beyond uncertainty_fraction x working memory +
-    # uncertainty_gib: on the calibration logs the model was off by up to 2 GiB (README).
+    # uncertainty_gib: on the calibration logs the model was off by up to 2 GiB
+    # (docs/guides/memory.md).
     uncertainty_fraction: float = Field(0.5, ge=0, le=1)
     uncertainty_gib: float = Field(1.0, ge=0)
 

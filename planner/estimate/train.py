@@ -320,7 +320,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
 
     estimates = [
         "temporary buffers (logits and their gradients, one layer's backward, communication buffers, the optimizer step's) are an estimate; "
-        "the model states and saved activations were checked against PyTorch on CPU and on an H200 (README; fp32 attention on CUDA keeps more)",
+        "the model states and saved activations were checked against PyTorch on CPU and on an H200 (docs/guides/memory.md; fp32 attention on CUDA keeps more)",
     ]
     if source == "config":
         estimates.append("parameters: Llama-named shapes from config.json (no safetensors found)")
@@ -334,7 +334,7 @@ def train_estimate(settings: TrainSettings) -> TrainEstimate:
         if probs:
             estimates.append(
                 f"fp32 on a CUDA GPU: SDPA has no fp32 flash kernel and keeps the attention probabilities too, about {format_bytes(probs)} "
-                f"({plain} layers not checkpointed x micro-batch x heads x seq-len^2 x 4 bytes), not counted above (README: measured on an H200)"
+                f"({plain} layers not checkpointed x micro-batch x heads x seq-len^2 x 4 bytes), not counted above (docs/guides/memory.md: measured on an H200)"
             )
 
     if total_gpu is None:

@@ -7,7 +7,7 @@ trains, and this module walks the layer the way Hugging Face's LlamaDecoderLayer
 runs it under PyTorch, one tensor at a time, T = micro_batch x seq_len tokens, e = compute dtype
 bytes (4 fp32, 2 bf16), with flash-style attention (SDPA's flash kernel on CPU and GPU saves its
 output and a per-head log-sum-exp, never the seq x seq scores; CUDA has no fp32 flash kernel, and
-in fp32 on an H200 SDPA kept the attention probabilities too, which this walk leaves out: README):
+in fp32 on an H200 SDPA kept the attention probabilities too, which this walk leaves out: docs/guides/memory.md):
 
     RMSNorm          input upcast to fp32 (4 T h) and rsqrt(variance) (4 T), when the input needs
                      a gradient; the normalised e T h when the norm's weight trains

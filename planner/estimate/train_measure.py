@@ -1,7 +1,7 @@
 """The estimate next to what PyTorch measured for the same step (scripts/measure_train.py).
 
 `measure_case` turns training settings into the measuring script's case; `compare` lines the two
-up. `planner measure-train` and the e2e tests both use them, so the README's table and the
+up. `planner measure-train` and the e2e tests both use them, so the table in docs/guides/memory.md and the
 command's output are computed the same way.
 """
 

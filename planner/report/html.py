@@ -90,6 +90,7 @@ SECTION_TITLES = {
     "recommendation": "Recommendation",
     "slo": "SLOs",
     "fleet": "Fleet sizing",
+    "cost": "Cost",
     "points": "Every point",
     "gpu_models": "By GPU model",
     "nodes": "Across nodes",

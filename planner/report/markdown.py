@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from planner.report.costs import cost_section
 from planner.report.fleet import FleetPlan
 from planner.report.suggestions import suggest
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
@@ -499,6 +500,7 @@ def sections(data: ReportData, plan: FleetPlan | None) -> list[tuple[str, list[s
     parts = [("recommendation", _recommendation(data)), ("slo", _slo_section(data))]
     if plan is not None:
         parts.append(("fleet", _fleet_section(plan, data)))
+    parts.append(("cost", cost_section(data, plan)))
     if data.kind == "sweep":
         parts += [("points", _points_section(data)), ("gpu_models", _gpu_models_section(data)),
                   ("nodes", _nodes_section(data)), ("answers", list(data.answers)),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
+from planner.cost import Prices
 from planner.report.answers import answers_section
 from planner.sweep.results import KneePrediction, NodeRank, PointResult, SpeedClassInfo, SweepResults
 from replay.results import ReplayResults, StepResult
@@ -100,6 +101,8 @@ class ReportData:
     # Its speed classes (each law plotted, planner.report.law_plots) and every prediction, by point.
     speed_classes: tuple[SpeedClassInfo, ...] = ()
     predictions: tuple[tuple[str, KneePrediction], ...] = ()
+    # GPU prices from --gpu-hour-price and the sweep's [cost] gpu_hour (planner.cost); none by default.
+    prices: Prices = field(default_factory=Prices)
 
     @property
     def best(self) -> PointView | None:

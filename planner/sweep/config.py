@@ -49,13 +49,19 @@ class ServerSection(_Strict):
     # The server program. The module form and a container command work the same way: the planner
     # appends --model, --host, --port and the point's flags.
     command: list[str] = Field(default_factory=lambda: ["vllm", "serve"], min_length=1)
+    # The model vLLM serves (--model): a Hub name, "org/name@REVISION" to pin a revision, or a folder.
     model: str
+    # vLLM flags every point gets; --model, --host, --port, --revision and the parallel sizes are refused here.
     args: list[str] = Field(default_factory=list)
+    # Environment variables of every server.
     env: dict[str, str] = Field(default_factory=dict)
+    # The address the server listens on and the client connects to.
     host: str = "127.0.0.1"
-    # 0: a free port is found for every point.
+    # The port of every server; 0: a free port is found for every point.
     port: int = Field(default=0, ge=0, le=65535)
+    # How long a server may take to answer /health before the point fails (timeout).
     startup_timeout_s: float = Field(default=900.0, gt=0)
+    # Seconds between SIGTERM and SIGKILL when a server is stopped.
     stop_grace_s: float = Field(default=20.0, gt=0)
     # Passed to vLLM (as VLLM_API_KEY) and to the client; never written to results or logs.
     api_key: SecretStr | None = None
@@ -93,8 +99,11 @@ AxisValue = int | float | str | bool
 
 
 class GridSection(_Strict):
+    # vLLM's --max-model-len values; the grid is the product of every axis.
     max_model_len: list[int] = Field(default_factory=list)
+    # vLLM's --gpu-memory-utilization values, fractions in (0, 1].
     gpu_memory_utilization: list[float] = Field(default_factory=list)
+    # vLLM's --tensor-parallel-size values: GPUs per point (times pipeline_parallel_size).
     tensor_parallel_size: list[int] = Field(default_factory=list)
     # Any other vLLM flag, in underscore or dash form: max_num_seqs, kv_cache_dtype, kv_cache_memory_bytes, ...
     extra: dict[str, list[AxisValue]] = Field(default_factory=dict)
@@ -173,6 +182,7 @@ class EstimateSection(_Strict):
     prune: bool = True
     # GPU memory for the estimate when nvidia-smi cannot tell: a catalogue name or GiB.
     gpu: str | None = None
+    # GPU memory in GiB for the estimate, overriding gpu.
     gpu_memory_gib: float | None = Field(default=None, gt=0)
 
 
@@ -201,11 +211,13 @@ class ExecutorSection(_Strict):
     # "local": points run on this machine's GPUs (planner.gpus). "ray": each point is a Ray task
     # holding a placement group of its GPUs on one node of a Ray cluster.
     kind: Literal["local", "ray"] = "local"
+    # The cluster: "auto" (the one this node belongs to), "ray://HOST:10001" (Ray Client) or "HOST:6379" (the head).
     address: str = "auto"
     # Handed to ray.init as is (pip, env_vars, working_dir, container, ...).
     runtime_env: dict[str, Any] | None = None
     # Times a point is rerun after its node (or worker) was lost; a server that dies is not retried.
     max_retries: int = Field(default=1, ge=0)
+    # Where points may land: a GPU model and Ray custom resources.
     node_selector: NodeSelector = Field(default_factory=NodeSelector)
     # CPUs reserved beside each point's GPUs, for the server's API process and the replay client.
     cpus_per_point: float = Field(default=1.0, ge=0)
@@ -239,6 +251,7 @@ DEFAULT_MEMORY_ONLY_FLAGS = (
 # orders points by their bound, skips those that cannot win and predicts a speed class's other
 # points from one full search, verifying each prediction it acts on (docs/guides/adaptive-sweep.md).
 class StrategySection(_Strict):
+    # "exhaustive": every point searched in full, in grid order; "adaptive": see docs/guides/adaptive-sweep.md.
     strategy: Literal["exhaustive", "adaptive"] = "exhaustive"
     # Flags that change only memory, never a step's speed: points that differ only in them share a
     # speed class (planner.sweep.classes). Underscore or dash form.
@@ -258,21 +271,47 @@ class StrategySection(_Strict):
         return out
 
 
+class CostSection(_Strict):
+    # Dollars per GPU-hour by GPU type ("H100" matches "NVIDIA H100 80GB HBM3"; planner.cost).
+    # No built-in prices: they change weekly.
+    gpu_hour: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("gpu_hour")
+    @classmethod
+    def _positive_prices(cls, table: dict[str, float]) -> dict[str, float]:
+        for kind, price in table.items():
+            if not price > 0 or price == float("inf"):
+                raise ValueError(f"gpu_hour {kind!r}: {price:g} is not a price; give a positive number of dollars per GPU-hour")
+        return table
+
+
 class SweepSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
     )
 
+    # How to start vLLM for every point.
     server: ServerSection
+    # The grid: every combination of the axes' values is one point.
     grid: GridSection = Field(default_factory=GridSection)
+    # How each point is replayed and searched: planner replay's settings.
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    # The SLO bounds every step is judged against, and the headroom kept below the highest pass.
     slo: SloSection = Field(default_factory=lambda: SloSection(**slo_mod.DEFAULT_SLO))
+    # Which GPUs of this machine the points may use.
     gpus: GpusSection = Field(default_factory=GpusSection)
+    # The pre-flight memory estimate (planner estimate) of every point.
     estimate: EstimateSection = Field(default_factory=EstimateSection)
+    # Where points run: this machine or a Ray cluster.
     executor: ExecutorSection = Field(default_factory=ExecutorSection)
+    # CPU pinning for CPU servers (vLLM's CPU build).
     cpus: CpusSection = Field(default_factory=CpusSection)
+    # How the grid is searched: every point in full, or adaptively ([sweep] strategy).
     sweep: StrategySection = Field(default_factory=StrategySection)
-    # Paths starting with ./ or ../ are relative to the config file, others to the working directory.
+    # What a GPU hour costs, by GPU type ([cost] gpu_hour): the report's and the table's prices.
+    cost: CostSection = Field(default_factory=CostSection)
+    # The prompt corpus (JSONL). Paths starting with ./ or ../ are relative to the config file, others
+    # to the working directory.
     prompts: str = "prompts/prod.jsonl"
 
     @field_validator("replay")

@@ -191,6 +191,7 @@ class PointRunner:
         try:
             async with server:
                 r.capacity = server.capacity
+                r.startup_s = None if server.startup_s is None else round(server.startup_s, 1)
                 r.vllm_version = server.vllm_version
                 r.command = server.command_for_record
                 await self._measure(server)

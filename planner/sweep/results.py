@@ -57,6 +57,7 @@ class NotPredicted(_Model):
 
     model_config = ConfigDict(extra="forbid")
 
+    # Why the estimate could not be made.
     error: str
 
 
@@ -64,13 +65,19 @@ class NodeRank(_Model):
     """One node of a point that vLLM spreads over several ([grid.extra] nnodes): rank 0 serves the
     API and is replayed against; the others run vLLM headless."""
 
+    # vLLM's node rank (0 serves the API).
     rank: int
+    # The Ray node's id.
     node_id: str | None = None
+    # The node's hostname.
     node_hostname: str | None = None
+    # The GPUs Ray gave this rank.
     gpu_ids: list[str] = Field(default_factory=list)
+    # Their model.
     gpu_model: str | None = None
     # Rank 0's log is the point's log_path; the others' beside it.
     log_path: str | None = None
+    # The rank's server exit code, once it exited.
     exit_code: int | None = None
 
 
@@ -78,13 +85,15 @@ class Dominance(_Model):
     """Why a dominated point could not win: the best safe concurrency it could ever reach, from its
     bound, is at or below a confirmed point's."""
 
-    # The confirmed point that dominates it, and that point's safe concurrency per GPU.
+    # The confirmed point that dominates it.
     by: str
+    # That point's confirmed safe concurrency per GPU.
     by_safe_concurrency_per_gpu: float
-    # The point's upper bound on concurrency and where it came from: "server_kv_pool" (the search
-    # ceiling from the KV pool its server reported: the point was started, not searched) or
-    # "max_concurrency" ([replay] max_concurrency: not started).
+    # The point's upper bound on concurrency: the search never measures above it.
     bound: int
+    # Where the bound came from: "server_kv_pool" (the search ceiling from the KV pool its server
+    # reported: the point was started, not searched) or "max_concurrency" ([replay]
+    # max_concurrency: the point was not started).
     bound_source: Literal["server_kv_pool", "max_concurrency"]
     # floor(bound x (1 - headroom)) / GPUs: the most this point could ever be recommended at.
     bound_safe_concurrency_per_gpu: float
@@ -93,19 +102,22 @@ class Dominance(_Model):
 class ClassLaw(_Model):
     """A speed class's latency law, from one full search of one of its points (planner.sweep.laws)."""
 
+    # The class (c1, c2, ...).
     speed_class: str
     # The searched point the law comes from.
     from_point: str
-    # That search's knee: its highest pass and lowest failure (None: nothing failed below its
-    # ceiling, so the law says only that the SLOs hold up to max_passing).
+    # That search's highest pass: the class passes up to it.
     max_passing: int | None
+    # That search's lowest failure, when a latency rule broke with every request running; None:
+    # the law says nothing above max_passing (nothing failed, or the failure was the point's memory).
     min_failing: int | None
     # Where the fitted ratios cross 1 (the lowest crossing over the latency rules), None when none does.
     knee: float | None
-    # Per latency rule: the measured steps as [concurrency, measured / bound] and the isotonic fit at
-    # the same concurrencies, and where that rule's fit crosses 1.
+    # Per latency rule: the measured steps as [concurrency, measured / bound].
     measured: dict[str, list[list[float]]] = Field(default_factory=dict)
+    # Per latency rule: the isotonic fit of those ratios, as [concurrency, fitted ratio].
     fitted: dict[str, list[list[float]]] = Field(default_factory=dict)
+    # Per latency rule: where its fit crosses 1 (None: it holds everywhere measured).
     crossings: dict[str, float | None] = Field(default_factory=dict)
 
 
@@ -113,12 +125,15 @@ class KneePrediction(_Model):
     """A point's max passing concurrency as its class's law predicts it: min(latency knee, the
     point's KV ceiling, max_num_seqs, [replay] max_concurrency)."""
 
+    # The predicted max passing concurrency.
     concurrency: int
     # [lowest, highest] the max passing concurrency can be under the law (highest None: unbounded).
     interval: list[int | None]
     # What sets `concurrency`: "latency" (the law), "kv_pool", "max_num_seqs" or "max_concurrency".
     limit: str
+    # The class whose law made the prediction.
     speed_class: str
+    # The searched point that law comes from.
     law_from: str
     # Whether the point's KV pool was read from its server (False: not started).
     kv_pool_read: bool = False
@@ -130,113 +145,171 @@ class KneePrediction(_Model):
 class PointPlan(_Model):
     """What the adaptive strategy asks of a point it launches (read where the point runs)."""
 
-    # The best confirmed safe concurrency per GPU so far, and its point: a point whose bound, read
-    # from its server, cannot beat it is settled as dominated without a search (None: no best yet).
+    # The best confirmed safe concurrency per GPU when the point was launched: a point whose bound,
+    # read from its server, cannot beat it is settled as dominated without a search (None: no best yet).
     beat_safe_concurrency_per_gpu: float | None = None
+    # The point that holds that best.
     beat_by: str | None = None
     # The class's law: verify its prediction rather than search (None: search in full).
     law: ClassLaw | None = None
+    # The point's speed class.
     speed_class: str | None = None
+    # The point's max_num_seqs, when it caps what passes (the SLOs see requests waiting for a slot).
     max_num_seqs: int | None = None
+    # [replay] max_concurrency, which caps every search.
     max_concurrency: int | None = None
 
 
 class PointResult(_Model):
+    # The point's id: its number and axis values (01-mml12288-...).
     id: str
     # The point's axis values: flag names in underscore form (max_model_len, gpu_memory_utilization,
     # tensor_parallel_size, and every [grid.extra] flag) plus "env" for [grid.env] axes.
     config: dict[str, Any]
+    # The server command as run, secrets redacted.
     command: list[str]
+    # ok, infeasible, failed, predicted_infeasible; pending or running while a sweep runs.
     status: PointStatus
+    # What --resume compares: model, vLLM version, command, flags, env axes, corpus sha256, SLOs and
+    # replay settings.
     fingerprint: str
+    # When the point started (UTC, ISO 8601).
     started_at: str | None = None
+    # The point's wall time, start-up included.
     duration_s: float | None = None
+    # Seconds from spawning the server to /health answering (what a deployment's start-up probe
+    # must allow); absent in older files.
+    startup_s: float | None = None
+    # The server's /version.
     vllm_version: str | None = None
+    # The KV-cache capacity the server reported (its log and vllm:cache_config_info).
     capacity: Capacity = Field(default_factory=Capacity)
+    # Why the point is infeasible or failed.
     failure: Failure | None = None
     # The corpus-aware KV bound, never below vLLM's reported max concurrency (and never above
     # [replay] max_concurrency): every request's blocks counted, as if nothing were cached.
     concurrency_upper_bound: int | None = None
+    # The mean KV blocks a corpus request occupies (prompt plus output, rounded up to blocks).
     mean_blocks_per_request: float | None = None
     # vLLM's prefix cache: on unless the point's args say --no-enable-prefix-caching. With it, the
     # bound that holds a block shared by requests in flight once (planner.sweep.bound.
     # prefix_aware_bound), from the distinct shared prompt blocks and each request's own blocks.
     prefix_caching: bool | None = None
+    # The bound with blocks that requests share held once (never below concurrency_upper_bound).
     concurrency_upper_bound_prefix_cache: int | None = None
+    # Distinct prompt blocks held by two or more corpus requests.
     shared_prefix_blocks: int | None = None
+    # The mean blocks a request holds on its own (unshared prompt blocks, partial last block,
+    # output).
     mean_own_blocks_per_request: float | None = None
     # The ceiling the search started from: the prefix-cache bound when there is one, else the
     # other, capped by [replay] max_concurrency.
     search_upper_bound: int | None = None
+    # Every step of the point's search, in the order run (as in replay.json).
     steps: list[StepResult] = Field(default_factory=list)
+    # The highest concurrency whose steps passed.
     max_passing_concurrency: int | None = None
+    # The lowest concurrency that failed or was inconclusive.
     min_failing_concurrency: int | None = None
+    # floor(max_passing_concurrency x (1 - headroom)).
     safe_concurrency: int | None = None
+    # GPUs the point holds: tensor_parallel_size x pipeline_parallel_size.
     gpus: int = 1
+    # The GPUs it ran on (CUDA_VISIBLE_DEVICES).
     gpu_ids: list[str] = Field(default_factory=list)
     # Where the point ran: the GPUs' model (nvidia-smi's name, else Ray's accelerator type) and,
     # with the Ray executor, the node's Ray id and hostname.
     gpu_model: str | None = None
+    # The Ray node's id (Ray executor).
     node_id: str | None = None
+    # The Ray node's hostname (Ray executor).
     node_hostname: str | None = None
     # A point across nodes: every node it ran on, rank 0 first (node_id, node_hostname and gpu_ids
     # above are rank 0's, gpu_model every rank's). Empty for a point on one node.
     ranks: list[NodeRank] = Field(default_factory=list)
+    # safe_concurrency / gpus: what the recommendation ranks by.
     safe_concurrency_per_gpu: float | None = None
+    # Output tokens/s per GPU at the safe concurrency (measured there, or interpolated between the
+    # steps around it).
     output_tokens_per_s_per_gpu: float | None = None
+    # The SLOs the lowest failing step broke, or kv_capacity_bound (max_concurrency) when the whole
+    # bound passed.
     binding_constraint: str | None = None
     # max_passing_concurrency passed again on fresh prompts; the knee lies in knee_interval
     # [highest conclusive pass, lowest conclusive fail]. Absent in older files.
     confirmed: bool | None = None
+    # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
     # Concurrencies whose every step ran out of time before it could resolve (never failures),
     # and whether [replay] point_budget_s stopped the search before it was done.
     unresolved_concurrency: list[int] = Field(default_factory=list)
+    # [replay] point_budget_s stopped the search before it was done.
     budget_exhausted: bool = False
     # Peak used memory per GPU over the point's steps, and what was left of each GPU's total.
     gpu_memory_peak_mib: dict[str, float] | None = None
+    # What was left of each GPU's total memory at that peak, in MiB.
     gpu_memory_headroom_mib: dict[str, float] | None = None
     # From `planner estimate` before launching (see planner.estimate); None when not predicted.
     # An older planner's estimate that no longer parses is kept as it was saved (the dict).
     prediction: Estimate | NotPredicted | dict[str, Any] | None = None
+    # The estimate's KV tokens for the point.
     kv_cache_tokens_predicted: int | None = None
+    # (predicted - reported) / reported KV tokens.
     kv_cache_tokens_relative_error: float | None = None
+    # The server's log (points/<id>/server.log).
     log_path: str | None = None
-    # [sweep] strategy (issue 28). Null in older files and while pending.
+    # The point's speed class (planner.sweep.classes): c1, c2, ... Null in older files.
     speed_class: str | None = None
+    # How its answer was reached: "searched", "verified", "predicted" or "dominated" (AnswerSource;
+    # [sweep] strategy). Null in older files and while pending.
     answer_source: AnswerSource | None = None
     # Why a point was not searched, in words (dominated or predicted).
     answer_note: str | None = None
+    # A dominated point's bound and the point that dominates it.
     dominance: Dominance | None = None
+    # The class law's prediction for the point, its interval and how its verification went.
     knee_prediction: KneePrediction | None = None
+    # What the adaptive strategy asked of the point when it launched it.
     plan: PointPlan | None = None
 
 
 class Best(_Model):
+    # The recommended point.
     point_id: str
+    # Its safe concurrency per GPU.
     safe_concurrency_per_gpu: float
+    # Its output tokens/s per GPU (the tie-breaker).
     output_tokens_per_s_per_gpu: float | None = None
+    # Why it won.
     reason: str
     # Why every other point lost, keyed by point id.
     others: dict[str, str] = Field(default_factory=dict)
 
 
 class CorpusInfo(_Model):
+    # The corpus file.
     path: str
+    # Its SHA-256.
     sha256: str
+    # Requests read from it.
     requests: int
 
 
 class CpuSplitInfo(_Model):
+    # The CPUs the servers were pinned to.
     server: list[int]
+    # The CPUs the planner kept.
     client: list[int]
 
 
 class RunInfo(_Model):
     """What this run found rather than what it was told: the corpus, vLLM's version, the GPUs."""
 
+    # The prompt corpus.
     corpus: CorpusInfo | None = None
+    # vLLM's version, asked of the server command.
     vllm_version: str | None = None
+    # The GPUs found on this machine.
     gpus_found: list[str] = Field(default_factory=list)
     # When [cpus] pins: the CPUs the servers and the planner itself were given.
     cpus_split: CpuSplitInfo | None = None
@@ -270,12 +343,14 @@ class _Saved(_Model):
 
 class SavedServer(_Saved):
 
+    # [server] model.
     model: str | None = None
 
 
 class SavedSlo(_Saved):
     """[slo] as saved: headroom and one bound per SLO key."""
 
+    # [slo] headroom.
     headroom: float | None = None
 
     def bounds(self) -> dict[str, float]:
@@ -295,45 +370,64 @@ class SavedSettings(_Saved):
     """The sweep settings as saved (planner.sweep.config.public_settings): every section is kept;
     those the report reads are typed."""
 
+    # The [server] table.
     server: SavedServer = Field(default_factory=SavedServer)
+    # The [slo] table.
     slo: SavedSlo = Field(default_factory=SavedSlo)
 
 
 class SpeedClassInfo(_Model):
     """One speed class of the grid (planner.sweep.classes) and, under the adaptive strategy, its law."""
 
+    # c1, c2, ... in the order the grid first reaches each class.
     id: str
+    # The axis values that name the class ("every point" when nothing but memory varies).
     label: str
+    # Its points, in grid order.
     point_ids: list[str]
+    # Its law, from its first full search (adaptive only).
     law: ClassLaw | None = None
 
 
 class AdaptiveSummary(_Model):
     """How the adaptive strategy answered the grid's points, counted."""
 
+    # Points searched in full (fallbacks included).
     searched: int = 0
+    # Points whose prediction two steps and the confirmation verified.
     verified: int = 0
+    # Points settled by their class's law, not searched.
     predicted: int = 0
+    # Points settled by their own bound, not searched.
     dominated: int = 0
     # Verifications that disagreed with the prediction, each followed by a full search.
     fallbacks: int = 0
 
 
 class SweepResults(_Model):
+    # The file's format version.
     schema_version: int = SCHEMA_VERSION
+    # When the sweep started (UTC, ISO 8601).
     started_at: str
     # The sweep settings as given (secrets replaced by "***"; see planner.sweep.config.public_settings).
     settings: SavedSettings
+    # What this run found: the corpus, vLLM's version, the GPUs.
     run: RunInfo = Field(default_factory=RunInfo)
     # What was measured: vLLM, the model, the server's flags and env, the hardware, the corpus,
     # the SLOs, the planner (None in files before version 3: unknown).
     identity: Identity | None = None
+    # Every grid point, in grid order.
     points: list[PointResult] = Field(default_factory=list)
+    # The recommended point: the highest safe concurrency per GPU, ties broken by output tokens/s
+    # per GPU.
     best: Best | None = None
+    # The sweep was stopped (Ctrl-C or SIGTERM); finished points and steps are kept.
     interrupted: bool = False
-    # [sweep] strategy, the grid's speed classes, and the adaptive strategy's counts (null in older files).
+    # [sweep] strategy: "exhaustive" or "adaptive" (null in older files).
     strategy: str | None = None
+    # The grid's speed classes (planner.sweep.classes), with their laws under adaptive.
     speed_classes: list[SpeedClassInfo] = Field(default_factory=list)
+    # How the adaptive strategy answered the points, counted (null under exhaustive).
     adaptive: AdaptiveSummary | None = None
 
     @model_validator(mode="before")

@@ -2,7 +2,7 @@
 
 Every case runs in one process of vLLM's environment (scripts/measure_train.py: Hugging Face's
 LlamaForCausalLM, one forward, backward and optimizer step), FSDP's over two gloo workers; the
-estimate must be within 5% on each model state and 15% on the saved activations. The README's
+estimate must be within 5% on each model state and 15% on the saved activations. docs/guides/memory.md's
 "Checked against PyTorch" table is this module's output (`-s` prints it).
 """
 
@@ -83,7 +83,7 @@ def measured(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def _table(rows: list[tuple[str, list]]) -> str:
-    """The README's table: model states summed (with the worst of the four errors) and saved activations."""
+    """docs/guides/memory.md's table: model states summed (with the worst of the four errors) and saved activations."""
     lines = [
         "| case | model states, estimate | measured | worst error of the four | saved activations, estimate | measured | error |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -69,7 +69,11 @@ def test_server_quantiles_land_in_the_buckets_of_the_known_law(tmp_path: Path) -
     client = step.client
     assert abs(client.requests_minus_server) <= 1, (client.requests_finished, server.requests_finished)
     # The client waits for the server's first token, and then for the network and its own loop.
-    assert client.ttft_mean_minus_server_ms >= 0
+    # The two means are over different requests (the client's measured window; the server's
+    # requests finished between its two snapshots), so on a busy machine the client's can read a
+    # little lower (-2.7 ms of 30 in one run beside other test suites): a fifth of the TTFT is noise,
+    # a client that stamped its TTFT from the wrong moment would be off by far more.
+    assert client.ttft_mean_minus_server_ms >= -0.2 * server.ttft_ms.mean, (client, server.ttft_ms)
     # Judged on each view: the server's p99 TTFT is within its 100 ms (the law's 30 ms, plus what
     # a busy machine adds to one request in a hundred's sleep: over 40 ms in one CI run); its queue
     # time p99 is interpolated inside (0, 300] ms, far above 1 ms: the bucket decides, not the truth.

@@ -1,4 +1,4 @@
-"""The working-memory model against published vLLM start-up logs (the README's calibration table).
+"""The working-memory model against published vLLM start-up logs (the calibration table in docs/guides/memory.md).
 
 Those logs come from vLLM releases of late 2024, which did not subtract CUDA graph memory and
 ran the profiling pass at max_model_len tokens with 256 sequences; the cases set the same.

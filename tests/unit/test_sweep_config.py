@@ -75,7 +75,7 @@ def test_unknown_key_names_the_key_its_line_and_the_valid_ones(tmp_path):
 
 
 def test_unknown_table(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown key 'grids' in \[\(top level\)\]; valid keys: cpus, estimate, executor, gpus, grid"):
+    with pytest.raises(ConfigError, match=r"unknown key 'grids' in \[\(top level\)\]; valid keys: cost, cpus, estimate, executor, gpus, grid"):
         load_settings(write(tmp_path, BASE + "\n[grids]\nx = 1\n"))
 
 
