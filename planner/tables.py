@@ -167,6 +167,13 @@ def sweep_summary(results) -> list[str]:
         lines += [f"  {pid}: {why}" for pid, why in b.others.items()]
     for p in unresolved:
         lines += [f"  {p.id}: {line}" for line in unresolved_lines(p.unresolved_concurrency, p.budget_exhausted)]
+    adaptive = getattr(results, "adaptive", None)
+    if adaptive is not None:
+        # [sweep] strategy = "adaptive" (planner.sweep.adaptive): how the points were answered.
+        lines.append(
+            f"adaptive: {adaptive.searched} searched, {adaptive.verified} verified, {adaptive.predicted} predicted,"
+            f" {adaptive.dominated} dominated; {adaptive.fallbacks} verification(s) fell back to a full search"
+        )
     if results.interrupted:
         lines.append("the sweep was interrupted; finished points are kept (rerun with --resume)")
     return lines

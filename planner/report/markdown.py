@@ -230,7 +230,8 @@ def _nodes_section(data: ReportData) -> list[str]:
 
 
 def _failures_section(data: ReportData) -> list[str]:
-    failed = [p for p in data.points if p.status != "ok" or p.failure is not None]
+    # Points the adaptive strategy settled unsearched did not fail: "answers" accounts for them.
+    failed = [p for p in data.points if p.status not in ("ok", "dominated", "predicted") or p.failure is not None]
     if not failed:
         return []
     rows = []
@@ -502,7 +503,8 @@ def sections(data: ReportData, plan: FleetPlan | None) -> list[tuple[str, list[s
     parts.append(("cost", cost_section(data, plan)))
     if data.kind == "sweep":
         parts += [("points", _points_section(data)), ("gpu_models", _gpu_models_section(data)),
-                  ("nodes", _nodes_section(data)), ("failures", _failures_section(data))]
+                  ("nodes", _nodes_section(data)), ("answers", list(data.answers)),
+                  ("failures", _failures_section(data))]
     parts += [("measured_vs_estimated", _measured_vs_estimated(data)), ("steps", _steps_section(data)),
               ("sessions", _sessions_section(data)), ("server", _server_section(data))]
     return [(key, lines) for key, lines in parts if lines]

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
+from planner.report.law_plots import law_plot, law_plot_name
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import StepResult
 
@@ -428,5 +429,9 @@ def write_plots(data: ReportData, out_dir: Path) -> list[Path]:
         for plot in (heatmap_plot(data.points, out_dir / "safe-concurrency-heatmap.png", data.best_id),
                      kv_tokens_plot(data.points, out_dir / "kv-tokens.png")):
             if plot is not None:
+                paths.append(plot)
+        # [sweep] strategy = "adaptive": each speed class's law (planner.report.law_plots).
+        for info in data.speed_classes:
+            if (plot := law_plot(info, data.predictions, out_dir / law_plot_name(info.id))) is not None:
                 paths.append(plot)
     return paths

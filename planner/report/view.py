@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
 from planner.cost import Prices
-from planner.sweep.results import NodeRank, PointResult, SweepResults
+from planner.report.answers import answers_section
+from planner.sweep.results import KneePrediction, NodeRank, PointResult, SpeedClassInfo, SweepResults
 from replay.results import ReplayResults, StepResult
 from replay.search.policy import bracket
 from replay.search.verdicts import concurrency_history
@@ -95,6 +96,11 @@ class ReportData:
     url: str | None = None
     # The sweep's configured headroom fraction (its [slo] headroom), when saved.
     headroom_setting: float | None = None
+    # The adaptive strategy's account (planner.report.answers), as markdown lines; empty otherwise.
+    answers: tuple[str, ...] = ()
+    # Its speed classes (each law plotted, planner.report.law_plots) and every prediction, by point.
+    speed_classes: tuple[SpeedClassInfo, ...] = ()
+    predictions: tuple[tuple[str, KneePrediction], ...] = ()
     # GPU prices from --gpu-hour-price and the sweep's [cost] gpu_hour (planner.cost); none by default.
     prices: Prices = field(default_factory=Prices)
 
@@ -159,6 +165,9 @@ def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
         interrupted=sweep.interrupted,
         started_at=sweep.started_at,
         headroom_setting=sweep.settings.slo.headroom,
+        answers=tuple(answers_section(sweep)),
+        speed_classes=tuple(c for c in sweep.speed_classes if c.law is not None),
+        predictions=tuple((p.id, p.knee_prediction) for p in sweep.points if p.knee_prediction is not None),
     )
 
 

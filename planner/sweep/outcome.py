@@ -115,7 +115,9 @@ def choose_best(points: list[PointResult]) -> Best | None:
     for p in points:
         if p is best:
             continue
-        if p.status != "ok":
+        if p.status in ("dominated", "predicted") and p.answer_note:
+            others[p.id] = p.answer_note[:300]  # [sweep] strategy = "adaptive": not searched, and why
+        elif p.status != "ok":
             kind = p.failure.kind if p.failure else p.status
             detail = f" ({p.failure.message})" if p.failure and p.failure.message else ""
             others[p.id] = f"{p.status}: {kind}{detail}"[:300]

@@ -32,13 +32,7 @@ from planner.capacity import Failure
 from planner.errors import ServerStartFailed
 from planner.estimate import kv_tokens_relative_error
 from planner.launcher import VllmServer
-from replay.prefix.bound import (
-    VLLM_DEFAULT_MAX_TOKENS,
-    concurrency_upper_bound,
-    mean_blocks,
-    prefix_aware_bound,
-    request_blocks,
-)
+from planner.sweep.adaptive_point import planned_search, settled_by_bound
 from planner.sweep.config import SweepSettings
 from planner.sweep.grid import Point
 from planner.sweep.liveness import Liveness
@@ -51,6 +45,13 @@ from planner.vllm_log import log_tail
 from replay.client.streaming import METRICS_CONNECTIONS, StreamingClient
 from replay.corpus.jsonl import Corpus
 from replay.errors import ReplayError, ServerError, StepAborted
+from replay.prefix.bound import (
+    VLLM_DEFAULT_MAX_TOKENS,
+    concurrency_upper_bound,
+    mean_blocks,
+    prefix_aware_bound,
+    request_blocks,
+)
 from replay.prefix.tokens import TOKENIZE_WORKERS, prompt_blocks, token_counts
 from replay.results import StepResult
 from replay.run.runner import Replay, SearchOutcome
@@ -321,7 +322,15 @@ class PointRunner:
         (the cheapest step to measure; the search narrows down from there, replay.search.policy), or
         [replay] start_concurrency when given."""
         start = self.ctx.settings.replay.start_concurrency
-        return replay.search(start=upper if start is None else min(start, upper), upper=upper)
+        first = upper if start is None else min(start, upper)
+        if self.result.plan is not None:
+            # [sweep] strategy = "adaptive": verify the class's prediction, or search (planner.sweep.adaptive_point).
+            replay_settings = self.ctx.settings.replay
+            return planned_search(
+                replay, self.result, start=first, upper=upper,
+                precision=replay_settings.precision, confirm=replay_settings.confirm_knee,
+            )
+        return replay.search(start=first, upper=upper)
 
     async def _measure(self, server: VllmServer) -> None:
         """The search bound and the search, with a watch on the server beside them: a server that
@@ -352,6 +361,8 @@ class PointRunner:
         upper, limit = bound.result()
         r.search_upper_bound = upper
         self.save()
+        if upper is not None and settled_by_bound(r, upper, gpus=self.point.gpus, headroom=settings.slo.headroom):
+            return  # [sweep] strategy = "adaptive": this point cannot win (planner.sweep.adaptive_point)
         if upper is None:
             r.status = "failed"
             r.failure = Failure(

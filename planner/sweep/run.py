@@ -13,6 +13,7 @@ from planner import cpus as cpus_mod
 from planner.capacity import Failure
 from planner.estimate import Estimate
 from planner.identity import server_identity
+from planner.sweep.adaptive import finish, record_classes, run_adaptive
 from planner.sweep.config import SweepSettings, public_settings
 from planner.sweep.earlier import keep_partial, read_earlier, remove_stale_temporaries, set_aside
 from planner.sweep.executor import Executor, SweepContext, Todo
@@ -27,7 +28,7 @@ from planner.sweep.results import RESULTS_FILE, CorpusInfo, CpuSplitInfo, NotPre
 from planner.sweep.version import probe_version
 from replay.corpus.jsonl import Corpus
 
-FINISHED = {"ok", "infeasible", "predicted_infeasible"}
+FINISHED = {"ok", "infeasible", "predicted_infeasible", "dominated", "predicted"}
 
 
 def previous_results(output_dir: Path) -> dict[str, PointResult]:
@@ -39,10 +40,13 @@ def previous_results(output_dir: Path) -> dict[str, PointResult]:
     return {p.fingerprint: p for p in earlier.points if p.status in FINISHED}
 
 
-def reusable(earlier: PointResult, *, prune: bool) -> bool:
+def reusable(earlier: PointResult, *, prune: bool, adaptive: bool = False) -> bool:
     """A finished point --resume keeps. Not one the estimate skipped when pruning is now off, nor
-    one refused for want of GPUs here (the planner's limit, not the configuration's)."""
+    one the adaptive strategy settled unsearched when it is now off, nor one refused for want of
+    GPUs here (the planner's limit, not the configuration's)."""
     if earlier.status == "predicted_infeasible" and not prune:
+        return False
+    if earlier.status in ("dominated", "predicted") and not adaptive:
         return False
     return not (
         earlier.failure is not None
@@ -150,7 +154,7 @@ async def _sweep(
     todo: Todo = []
     for point in points:
         fp = fingerprint(settings, point, corpus_sha256=corpus.sha256, vllm_version=version)
-        if fp in earlier and reusable(earlier[fp], prune=settings.estimate.prune):
+        if fp in earlier and reusable(earlier[fp], prune=settings.estimate.prune, adaptive=settings.sweep.strategy == "adaptive"):
             reused = earlier[fp].model_copy(update={"id": point.id, "config": point.config})
             ctx.results.points.append(reused)
             continue
@@ -180,14 +184,20 @@ async def _sweep(
         read_at = next((p.prediction.model.revision for p in ctx.results.points if isinstance(p.prediction, Estimate)), None)
         identity = identity.model_copy(update={"model": identity.model.model_copy(update={"revision": read_at})})
         ctx.results.identity = identity
+    classes = record_classes(ctx.results, points, settings)
     ctx.save()
 
     try:
-        await executor.run(ctx, todo)
+        if settings.sweep.strategy == "adaptive":
+            slots = max(1, len(inventory)) if settings.executor.kind == "local" and not settings.server.port else 1
+            await run_adaptive(executor, ctx, todo, grid=points, classes=classes, corpus=corpus, slots=slots)
+        else:
+            await executor.run(ctx, todo)
     except asyncio.CancelledError:
         ctx.results.interrupted = True
         raise
     finally:
+        finish(ctx.results)
         ctx.results.best = choose_best(ctx.results.points)
         if identity.vllm_version is None:
             # A container's command cannot be asked beforehand; its servers said it.

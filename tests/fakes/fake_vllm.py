@@ -37,7 +37,11 @@ pool preempts): with R requests running,
     inter-token latency  = FAKE_VLLM_ITL_S  x (1 + FAKE_VLLM_ITL_GROWTH  x R)
     time to first token  = FAKE_VLLM_TTFT_S x (1 + FAKE_VLLM_TTFT_GROWTH x R)   (+ queueing)
 
-(defaults 0.01 s, 0.1, 0.02 s, 0.05), so under a closed-loop load of C requests, while C stays
+(defaults 0.01 s, 0.1, 0.02 s, 0.05). --max-num-batched-tokens B scales the ITL growth by
+B / FAKE_VLLM_BATCHED_TOKENS_REF (default 2048): a larger token budget per engine step mixes
+longer prefill chunks into decode steps, so each running request slows the others more. It is
+the one flag of the fake that changes its speed (the grid's speed classes,
+planner.sweep.classes); without it the growth is FAKE_VLLM_ITL_GROWTH as given. So under a closed-loop load of C requests, while C stays
 within max-num-seqs and the pool, ITL is about itl_s x (1 + growth x C): an ITL SLO of X s
 passes up to C = (X / itl_s - 1) / growth, the known answer a sweep's search must find.
 
@@ -222,6 +226,14 @@ while time.monotonic() - started < {ENGINE_MAX_LIFE_S}:
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     return float(raw) if raw else default
+
+
+def itl_growth(max_num_batched_tokens: int | None) -> float:
+    """FAKE_VLLM_ITL_GROWTH, scaled by --max-num-batched-tokens over FAKE_VLLM_BATCHED_TOKENS_REF."""
+    growth = _env_float("FAKE_VLLM_ITL_GROWTH", 0.1)
+    if max_num_batched_tokens is None:
+        return growth
+    return growth * max_num_batched_tokens / _env_float("FAKE_VLLM_BATCHED_TOKENS_REF", 2048)
 
 
 class FakeVllmServer(FakeServer):
@@ -518,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             ttft_s=_env_float("FAKE_VLLM_TTFT_S", 0.02),
             itl_s=_env_float("FAKE_VLLM_ITL_S", 0.01),
             ttft_growth_per_running=_env_float("FAKE_VLLM_TTFT_GROWTH", 0.05),
-            itl_growth_per_running=_env_float("FAKE_VLLM_ITL_GROWTH", 0.1),
+            itl_growth_per_running=itl_growth(args.max_num_batched_tokens),
             max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
             kv_cache_tokens=kv_tokens,
             max_model_len=max_model_len,
