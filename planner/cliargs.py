@@ -37,6 +37,21 @@ def positive_int(flag: str) -> Callable[[str], int]:
     return parse
 
 
+def whole_number(least: int, of: str, at_least: str) -> Callable[[str], int]:
+    """An integer >= `least`: "'x' is not a whole number of {of}", or "'-1' must be >= {at_least}"."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {of}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {at_least}")
+        return value
+
+    return parse
+
+
 def scalar(text: str) -> int | float | bool | str:
     """A flag's value as TOML would type it: 8192 -> int, 0.9 -> float, true -> bool, else the text."""
     lowered = text.strip().lower()

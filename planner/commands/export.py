@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from planner.cliargs import env_default
+from planner.cliargs import env_default, whole_number
 
 _DURATION = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d|w|y)$")
 
@@ -29,14 +29,7 @@ def _duration(text: str) -> str:
     return text
 
 
-def _replicas(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of replicas") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 replicas")
-    return value
+_replicas = whole_number(0, "replicas", "0 replicas")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
