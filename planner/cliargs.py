@@ -79,6 +79,12 @@ def key_values(flag: str, *, many: bool) -> Callable[[str], tuple[str, object]]:
     return parse
 
 
+def flag_values(args: argparse.Namespace, *names: str, **others: object) -> dict[str, object]:
+    """The keyword arguments of settings built from a command's flags: each flag of `names` (its
+    dest, which is the field's name) with its value, then `others` for fields named otherwise."""
+    return {name: getattr(args, name) for name in names} | others
+
+
 def env_default(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
