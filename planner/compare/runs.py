@@ -63,6 +63,11 @@ def config_label(config: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _search(result: PointResult | ReplayResults) -> dict[str, Any]:
+    """What the search found, named alike in a sweep's point and in a replay."""
+    return {name: getattr(result, name) for name in ("confirmed", "knee_interval", "max_passing_concurrency", "steps")}
+
+
 def _sweep_point(p: PointResult) -> RunPoint:
     failure = None if p.failure is None else f"{p.failure.kind}: {p.failure.message}"
     return RunPoint(
@@ -72,12 +77,9 @@ def _sweep_point(p: PointResult) -> RunPoint:
         status=p.status,
         gpus=max(1, p.gpus),
         searched=True,
-        confirmed=p.confirmed,
-        knee_interval=p.knee_interval,
-        max_passing_concurrency=p.max_passing_concurrency,
         safe_concurrency=p.safe_concurrency,
-        steps=p.steps,
         failure=failure,
+        **_search(p),
     )
 
 
@@ -105,11 +107,8 @@ def _from_replay(path: Path, replay: ReplayResults) -> Run:
         status="ok",
         gpus=1,
         searched=replay.find_max,
-        confirmed=replay.confirmed,
-        knee_interval=replay.knee_interval,
-        max_passing_concurrency=replay.max_passing_concurrency,
         safe_concurrency=None,
-        steps=replay.steps,
+        **_search(replay),
     )
     return Run(path, "replay", identity, replay.identity is not None, dict(replay.slo), [point])
 
