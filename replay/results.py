@@ -277,6 +277,15 @@ class StepResult(_Model):
     slo_verdict: Verdict | None = None
     # The verdict of each SLO: pass, fail, inconclusive or unresolved.
     slo_verdicts: dict[str, Verdict] = Field(default_factory=dict)
+    # Percentile rules judged across steps (replay.across_steps): per rule, the 95% interval the
+    # verdict rests on (the step's own ci95 with its tau floored, widened by the between-step
+    # margin). Absent in older files.
+    slo_ci95: dict[str, list[float | None]] = Field(default_factory=dict)
+    # Per percentile rule, the tau the step judged it with. Absent in older files.
+    slo_tau: dict[str, float] = Field(default_factory=dict)
+    # Per percentile rule, the between-step sd of the figure's natural log behind the margin (only
+    # rules with a margin). Absent in older files.
+    slo_margin_log_sd: dict[str, float] = Field(default_factory=dict)
     # 95% interval of requests_per_s (batch means over ten slices of the window).
     requests_per_s_ci95: list[float | None] | None = None
     # 95% interval of output_tokens_per_s.

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from replay.across_steps import spread_of
 from replay.client import METRICS_CONNECTIONS, StreamingClient
 from replay.conversation import SessionCursor, ThinkTime, mean_think_per_request_s, turn_request
 from replay.corpus import Corpus
@@ -132,7 +133,12 @@ class Replay:
                 self.client,
                 self.cursor,
                 load,
-                replace(window or self.settings.window(self.slo), think_per_request_s=self.think_per_request_s),
+                replace(
+                    window or self.settings.window(self.slo),
+                    think_per_request_s=self.think_per_request_s,
+                    # Judged across steps: the tau and between-step spread of the steps so far.
+                    spread=spread_of(self.steps, self.slo) if self.slo else None,
+                ),
                 requests=self.corpus.requests,
                 sessions=self.corpus.sessions,
                 think=self.think,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from replay import intervals
+from replay import across_steps, intervals
 from replay.errors import SloSpecError
 from replay.results import StepResult, Verdict
 
@@ -193,13 +193,18 @@ def _interval_verdict(bounds: list[float | None] | None, point: float | None, bo
 
 
 def verdicts(
-    step: StepResult, slo: Mapping[str, float], samples: Mapping[str, Sequence[float]] | None = None
+    step: StepResult,
+    slo: Mapping[str, float],
+    samples: Mapping[str, Sequence[float]] | None = None,
+    spread: across_steps.Spread | None = None,
 ) -> tuple[dict[str, Verdict], list[str]]:
     """Per-SLO verdicts for a step, and the SLOs that could not be checked (left out of the first,
     except a server figure the window failed to sample, which is there as inconclusive).
 
     `samples` (metric -> values in arrival order, as the step measured them) lets a percentile be
-    judged by `intervals.quantile_versus_bound`; without them (a saved result) by its ci95."""
+    judged across steps by `across_steps.quantile_check` (its tau floored, its bound moved by the
+    between-step margin that `spread`, read from the point's earlier steps, gives); without them
+    (a saved result) by its ci95."""
     violations, unverified = evaluate(step, slo)
     out: dict[str, Verdict] = {}
     for key, bound in slo.items():
@@ -217,7 +222,7 @@ def verdicts(
             if point is None:
                 out[key] = "fail"
             elif samples is not None and metric in samples and stat in intervals.QUANTILES:
-                sign = intervals.quantile_versus_bound(samples[metric], intervals.QUANTILES[stat], bound)
+                sign = across_steps.checks({key: bound}, samples, spread)[key].sign
                 out[key] = {1: "pass", -1: "fail", 0: "inconclusive"}[sign]
             else:
                 ci = summary.ci95.get(stat) if summary.ci95 is not None else None

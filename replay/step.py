@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+from replay.across_steps import Spread, checks
 from replay.conversation import SessionRunner, ThinkTime
 from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
 from replay.load import Concurrency, Load, PoissonRate, TraceReplay, poisson_offsets, trace_offsets
@@ -86,6 +87,8 @@ class Window:
     # Session corpora: the mean think time before a turn (turn 1's none included). A user's cycle
     # per request is its duration plus this, so a window sized from the warm-up adds it.
     think_per_request_s: float = 0.0
+    # What the point's earlier steps say about the variance a step cannot see (replay.across_steps).
+    spread: Spread | None = None
 
     def warmup_for(self, load: Load) -> int:
         if self.warmup_requests is not None:
@@ -310,7 +313,7 @@ async def run_step(
         on_close=window_closed,
         load=load,
         on_open=window_opened,
-        judge=_judge(spec, slo) if slo else None,
+        judge=_judge(spec, slo, window.spread) if slo else None,
     )
     state.server_broke = _server_broke(scraper, slo, state)
     send_lags: list[float] = []
@@ -458,8 +461,10 @@ async def run_step(
             result, sessions=runner.summary(measured, state.finished_inside, state.open_s, state.close_s)
         )
     if slo is not None:
-        rule_verdicts, unverified = slo_mod.verdicts(result, slo, latency_samples(state.measured, spec))
+        samples = latency_samples(state.measured, spec)
+        rule_verdicts, unverified = slo_mod.verdicts(result, slo, samples, window.spread)
         verdict = slo_mod.step_verdict(rule_verdicts)
+        across = checks(slo, samples, window.spread)
         if state.closed_by in ("time", "budget") and verdict != "pass":
             if slo_mod.only_short_of_time(result, slo, rule_verdicts, window.max_requests):
                 verdict = "unresolved"
@@ -472,6 +477,9 @@ async def run_step(
             slo_verdict=verdict,
             slo_verdicts=rule_verdicts,
             slo_views={key: slo_mod.view(key) for key in slo},
+            slo_ci95={key: list(c.ci95) for key, c in across.items()},
+            slo_tau={key: round(c.tau, 3) for key, c in across.items()},
+            slo_margin_log_sd={key: round(c.log_sd, 4) for key, c in across.items() if c.log_sd},
         )
     obs.step_finished(result)
     return result
@@ -509,7 +517,7 @@ def _server_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | Non
     return broke
 
 
-def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], float], str]:
+def _judge(spec, slo: Mapping[str, float], spread: Spread | None = None) -> Callable[[list[RequestRecord], float], str]:
     """The window's verdict on the sample so far, from the client-side SLOs. Server-side SLOs are
     judged on the whole window (and early, on vLLM's gauges, by _server_broke)."""
     from replay import slo as slo_mod
@@ -527,7 +535,7 @@ def _judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], flo
             client=ClientSummary(),
             slo=slo,
         )
-        rule_verdicts, _ = slo_mod.verdicts(partial, slo, latency_samples(measured, spec))
+        rule_verdicts, _ = slo_mod.verdicts(partial, slo, latency_samples(measured, spec), spread)
         return slo_mod.step_verdict(rule_verdicts)
 
     return judge
