@@ -286,6 +286,18 @@ class StepResult(_Model):
     # Per percentile rule, the between-step sd of the figure's natural log behind the margin (only
     # rules with a margin). Absent in older files.
     slo_margin_log_sd: dict[str, float] = Field(default_factory=dict)
+    # Rules over a maximum judged the same at any length (replay.max_rules): preemptions while the
+    # window's first 100 measured requests ran, which max_preemptions = 0 judges. Null when not
+    # judged.
+    preemptions_in_exposure: float | None = None
+    # Preemptions per measured request over the window, which max_preemptions = N > 0 judges
+    # against N per 100 requests. Null when not judged.
+    preemptions_per_request: float | None = None
+    # Its exact Poisson (Garwood) 95% interval.
+    preemptions_per_request_ci95: list[float] | None = None
+    # The share of the window's KV-cache usage samples above kv_cache_usage_max, which that rule
+    # judges (at most 5%). Null when not judged.
+    kv_cache_above_share: float | None = None
     # 95% interval of requests_per_s (batch means over ten slices of the window).
     requests_per_s_ci95: list[float | None] | None = None
     # 95% interval of output_tokens_per_s.

@@ -4,8 +4,10 @@
 
 Latency keys are `<metric>_<stat>_ms` with metric in ttft, itl, tpot, e2e and stat in mean, p50,
 p90, p95, p99, max; each is an upper bound. `error_rate` bounds failed / (ok + failed);
-`max_preemptions` bounds the server's preemptions during the step; `kv_cache_usage_max` bounds
-the peak KV-cache usage (a 0-1 fraction); `max_waiting` bounds the peak of waiting requests.
+`max_preemptions` bounds the server's preemptions and `kv_cache_usage_max` its KV-cache usage (a
+0-1 fraction), both judged the same at any window length (replay.max_rules: 0 preemptions over
+the window's first 100 measured requests, or a rate per 100 requests with an interval; the share
+of the window's time above the usage bound); `max_waiting` bounds the peak of waiting requests.
 
 `server_<metric>_<stat>_ms` (metric in ttft, itl, tpot, e2e, queue; stat in mean, p50, p90, p95,
 p99) bounds the same figure from vLLM's own histograms over the window instead of the client's
@@ -27,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from replay import across_steps, intervals
+from replay import across_steps, intervals, max_rules
 from replay.errors import SloSpecError
 from replay.results import StepResult, Verdict
 
@@ -139,8 +141,14 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
             "kv_cache_usage_max": step.server.kv_cache_usage_peak,
             "max_waiting": step.server.waiting_peak,
         }[key]
+        judged = max_rules.verdict(step, key, bound)
         if server_value is None:
             unverified.append(key)
+        elif judged is not None:
+            # Judged the same at any window length (replay.max_rules); inconclusive is no violation
+            # of what was measured, and `verdicts` keeps it inconclusive.
+            if judged == "fail":
+                violations.append(key)
         elif server_value > bound:
             violations.append(key)
     return violations, unverified
@@ -229,6 +237,8 @@ def verdicts(
                 out[key] = _interval_verdict(ci, point, bound, upper=True)
         elif key == ATTAINMENT_KEY and bound < 1 and step.slo_attainment is not None:
             out[key] = _interval_verdict(step.slo_attainment_ci95, step.slo_attainment, bound, upper=False)
+        elif (judged := max_rules.verdict(step, key, bound)) is not None:
+            out[key] = judged
         else:
             out[key] = "fail" if key in violations else "pass"
     return out, unverified

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+from replay import max_rules
 from replay.across_steps import Spread, checks
 from replay.conversation import SessionRunner, ThinkTime
 from replay.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
@@ -461,6 +462,11 @@ async def run_step(
             result, sessions=runner.summary(measured, state.finished_inside, state.open_s, state.close_s)
         )
     if slo is not None:
+        if scraper is not None:
+            measured_now = steady_records(state.measured, spec)[0]
+            result = updated(
+                result, **max_rules.figures(scraper.samples, state.open_s, state.close_s, measured_now, result, slo)
+            )
         samples = latency_samples(state.measured, spec)
         rule_verdicts, unverified = slo_mod.verdicts(result, slo, samples, window.spread)
         verdict = slo_mod.step_verdict(rule_verdicts)
@@ -504,12 +510,17 @@ def _server_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | Non
         if not inside:
             return False
         kv = [x.kv_cache_usage for x in inside if x.kv_cache_usage is not None]
-        if "kv_cache_usage_max" in bounds and kv and max(kv) > bounds["kv_cache_usage_max"]:
-            return True
+        # The share of the window above the bound (replay.max_rules), once it rests on enough samples.
+        kv_bound = bounds.get("kv_cache_usage_max")
+        if kv_bound is not None and len(kv) >= 1 / max_rules.KV_ABOVE_SHARE_LIMIT:
+            if sum(1 for u in kv if u > kv_bound) / len(kv) > max_rules.KV_ABOVE_SHARE_LIMIT:
+                return True
         waiting = [x.waiting for x in inside if x.waiting is not None]
         if "max_waiting" in bounds and waiting and max(waiting) > bounds["max_waiting"]:
             return True
-        if "max_preemptions" in bounds and before and before[-1].preemptions is not None:
+        # A preemption bound of 0 is judged over the first requests (replay.max_rules); a rate at the end.
+        within_exposure = bounds.get("max_preemptions") == 0 and len(state.measured) <= max_rules.EXPOSURE_REQUESTS
+        if within_exposure and before and before[-1].preemptions is not None:
             last = inside[-1].preemptions
             return last is not None and last - before[-1].preemptions > bounds["max_preemptions"]
         return False
