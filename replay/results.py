@@ -325,6 +325,19 @@ class StepResult(_Model):
     sessions: SessionSummary | None = None
 
 
+class PassPoint(_Model):
+    """One load of a point's pass-probability fit (replay.pass_fit)."""
+
+    concurrency: int
+    # Steps at this load that passed, and informative steps measured there (unresolved left out).
+    passes: int
+    steps: int
+    # The fitted probability that a step at this load passes (isotonic, non-increasing in load),
+    # and its Wilson 95% interval on the evidence the fit pooled.
+    probability: float
+    ci95: list[float]
+
+
 class CorpusInfo(_Model):
     # The corpus file.
     path: str
@@ -373,6 +386,15 @@ class ReplayResults(_Model):
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
+    # The knee read from every step (replay.pass_fit): the highest load whose fitted pass
+    # probability is at least knee_fit_level; the band [highest load at and below which every
+    # step passed, highest load with a pass]; loads that both passed and did not; and the fit per
+    # load. Absent in older files.
+    knee_fit: int | None = None
+    knee_fit_level: float | None = None
+    knee_band: list[int | None] | None = None
+    contested_concurrency: list[int] = Field(default_factory=list)
+    pass_probability: list[PassPoint] = Field(default_factory=list)
     # Concurrencies whose every step ran out of time before it could resolve (never failures).
     unresolved_concurrency: list[int] = Field(default_factory=list)
     # Where the search began and why (the saturation probe's count, max_concurrency, start_concurrency).

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from replay import pass_fit
 from replay.across_steps import spread_of
 from replay.client import METRICS_CONNECTIONS, StreamingClient
 from replay.conversation import SessionCursor, ThinkTime, mean_think_per_request_s, turn_request
@@ -86,6 +87,18 @@ def knee(steps: list[StepResult]) -> tuple[bool, list[int | None]]:
         if s.load.mode == "concurrency"
     ]
     return (lo is not None and is_confirmed(history, lo)), knee_interval(verdicts)
+
+
+def knee_fields(steps: list[StepResult], level: float = pass_fit.DEFAULT_LEVEL) -> dict[str, object]:
+    """The result fields of the knee read from every step (replay.pass_fit)."""
+    fitted = pass_fit.fit(steps, level)
+    return {
+        "knee_fit": fitted.knee_fit,
+        "knee_fit_level": level,
+        "knee_band": fitted.knee_band,
+        "contested_concurrency": fitted.contested,
+        "pass_probability": fitted.points,
+    }
 
 
 class Replay:
@@ -338,6 +351,8 @@ async def run_replay(
                 cap = "max_concurrency" if hi is None and settings.max_concurrency else None
                 results.binding_constraint = binding_constraint(replay.steps, hi, cap)
                 results.confirmed, results.knee_interval = knee(replay.steps)
+                for name, value in knee_fields(replay.steps, settings.knee_pass_probability).items():
+                    setattr(results, name, value)
         except (asyncio.CancelledError, KeyboardInterrupt):
             results.interrupted = True
             raise

@@ -12,7 +12,7 @@ from planner.estimate import Estimate
 from replay import slo as slo_mod
 from replay.errors import SloSpecError
 from replay.identity import Identity
-from replay.results import StepResult, write_json_atomic
+from replay.results import PassPoint, StepResult, write_json_atomic
 
 RESULTS_FILE = "sweep.json"
 
@@ -151,6 +151,14 @@ class PointResult(_Model):
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
+    # The knee read from every step (replay.pass_fit; see replay.results.ReplayResults): the
+    # highest load at pass probability >= knee_fit_level, the band of disagreeing steps, the loads
+    # that both passed and did not, and the fit per load. Absent in older files.
+    knee_fit: int | None = None
+    knee_fit_level: float | None = None
+    knee_band: list[int | None] | None = None
+    contested_concurrency: list[int] = Field(default_factory=list)
+    pass_probability: list[PassPoint] = Field(default_factory=list)
     # Concurrencies whose every step ran out of time before it could resolve (never failures),
     # and whether [replay] point_budget_s stopped the search before it was done.
     unresolved_concurrency: list[int] = Field(default_factory=list)
