@@ -34,7 +34,9 @@ steps stayed unresolved.
 
 With `confirm`, the highest pass is measured once more before the search ends (the step runner
 takes fresh prompts); if the repeat does not pass, that concurrency now counts as failing, and
-the search goes on below it and confirms again.
+the search goes on below it, first one precision step below it (a load that passed once is
+near the knee; falling back to the bracket's low end, often the start-up's guess, paid for
+steps far below it), and confirms again.
 
 The confirmation is also the guard on the model's assumption: a server whose latency fell with
 load would show it as a pass that does not repeat.
@@ -182,6 +184,13 @@ def _narrow(probes: list[Probe], upper: int | None, rel_precision: float) -> int
     if hi <= 1 or converged(lo, hi, rel_precision):
         return None
     tried = {p.concurrency for p in informative}
+    # A failed confirmation (or any repeat that did not pass) makes the lowest failure a load
+    # that also passed: the knee is close below it, whatever the bracket's lower end, so the
+    # next probe is one precision step down (replay.pass_fit reads the answer from every step).
+    if any(p.concurrency == hi and p.passed for p in informative):
+        below = hi - max(1, math.ceil(rel_precision * hi))
+        if lo < below and below not in tried:
+            return below
     step = max(1, math.ceil(rel_precision * lo))
     model = predicted_knee(informative)
     candidate: int | None = None

@@ -276,3 +276,12 @@ def test_steps_down_reach_any_knee_below_a_model_that_overshoots(knee):
     b = bracket(history)
     assert b.max_passing is not None and b.max_passing <= knee < b.min_failing
     assert b.min_failing - b.max_passing <= max(1, 0.05 * b.max_passing)
+
+
+def test_a_failed_confirmation_steps_one_precision_step_down_not_to_the_low_guess():
+    # The run 2: 52 passed, its repeat failed; the only other pass was the start-up's 26.
+    history = [Probe(59, "fail"), Probe(56, "fail"), Probe(52, "pass"), Probe(55, "fail"), Probe(53, "fail"),
+               Probe(52, "fail"), Probe(26, "pass")]  # fmt: skip
+    assert next_probe(history, confirm=True) == 49
+    # Once 49 is tried the search narrows as before.
+    assert next_probe([*history, Probe(49, "fail")], confirm=True) not in (None, 49)
