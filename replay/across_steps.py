@@ -62,12 +62,15 @@ class Spread:
 @dataclass(frozen=True)
 class Check:
     """A percentile rule judged across steps: +1 shown within the bound, -1 shown above, 0 not
-    shown either way; the widened 95% interval; the tau and margin it was judged with."""
+    shown either way; the widened 95% interval; the tau and margin it was judged with, and the
+    step's own tau (Geyer's or batch means', the larger, on the quantile's indicator series:
+    what the point's later steps pool, never floored by earlier ones, so the pool cannot ratchet)."""
 
     sign: int
     ci95: tuple[float | None, float | None]
     tau: float
     log_sd: float
+    own_tau: float = 1.0
 
 
 def percentile_rule(key: str) -> tuple[str, float] | None:
@@ -122,10 +125,11 @@ def quantile_check(
     passes, tau_pass = _count_sign(arr, q, bound / margin, tau_floor)
     fails, tau_fail = _count_sign(arr, q, bound * margin, tau_floor)
     sign = 1 if passes == 1 else (-1 if fails == -1 else 0)
-    estimate_tau = step_tau((arr <= np.quantile(arr, q)).astype(float), tau_floor)
+    own_tau = step_tau((arr <= np.quantile(arr, q)).astype(float))
+    estimate_tau = max(own_tau, tau_floor)
     lo, hi = intervals.quantile_interval(arr, q, tau=estimate_tau)
     ci = (None if lo is None else lo / margin, None if hi is None else hi * margin)
-    return Check(sign, ci, max(tau_pass, tau_fail, estimate_tau), log_sd)
+    return Check(sign, ci, max(tau_pass, tau_fail, estimate_tau), log_sd, own_tau)
 
 
 def checks(

@@ -281,7 +281,8 @@ class StepResult(_Model):
     # verdict rests on (the step's own ci95 with its tau floored, widened by the between-step
     # margin). Absent in older files.
     slo_ci95: dict[str, list[float | None]] = Field(default_factory=dict)
-    # Per percentile rule, the tau the step judged it with. Absent in older files.
+    # Per percentile rule, the step's own tau (Geyer's or batch means', the larger), which the
+    # point's later steps pool as a floor. Absent in older files.
     slo_tau: dict[str, float] = Field(default_factory=dict)
     # Per percentile rule, the between-step sd of the figure's natural log behind the margin (only
     # rules with a margin). Absent in older files.

@@ -484,7 +484,7 @@ async def run_step(
             slo_verdicts=rule_verdicts,
             slo_views={key: slo_mod.view(key) for key in slo},
             slo_ci95={key: list(c.ci95) for key, c in across.items()},
-            slo_tau={key: round(c.tau, 3) for key, c in across.items()},
+            slo_tau={key: round(c.own_tau, 3) for key, c in across.items()},
             slo_margin_log_sd={key: round(c.log_sd, 4) for key, c in across.items() if c.log_sd},
         )
     obs.step_finished(result)

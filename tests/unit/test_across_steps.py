@@ -38,7 +38,7 @@ def test_short_strongly_correlated_windows_lose_coverage_and_a_pooled_tau_holds_
         today += _covers(intervals.quantile_interval(series, 0.5), truth)
         floor = float(np.mean(taus[-8:])) if taus else 1.0  # the point's earlier steps, pooled
         held += _covers(quantile_check(series, 0.5, 1e9, tau_floor=floor).ci95, truth)
-        taus.append(quantile_check(series, 0.5, 1e9).tau)
+        taus.append(quantile_check(series, 0.5, 1e9).own_tau)
     assert today / steps < 0.90
     assert held / steps >= 0.90
 
@@ -106,3 +106,25 @@ def test_checks_judge_client_percentile_rules_only() -> None:
     samples = {"tpot": np.exp(rng.normal(3.0, 0.1, 200))}
     out = checks({"tpot_p90_ms": 40.0, "tpot_mean_ms": 40.0, "ttft_p90_ms": 100.0}, samples, Spread())
     assert list(out) == ["tpot_p90_ms"] and out["tpot_p90_ms"].sign == 1
+
+
+def test_spread_of_pools_the_points_steps() -> None:
+    from replay.across_steps import spread_of
+    from replay.results import LatencySummary, LoadSpec
+    from tests.fakes.results import make_step
+
+    def step(c: int, p90: float, tau: float, verdict: str = "pass"):
+        return make_step(
+            load=LoadSpec(mode="concurrency", value=c), requests_ok=100, slo_verdict=verdict, slo_tau={"tpot_p90_ms": tau},
+            tpot_ms=LatencySummary(p90=p90, ci95={"p90": [p90 * 0.98, p90 * 1.02]}),
+        )
+
+    slo_ = {"tpot_p90_ms": 30.0, "error_rate": 0.0}
+    # Every load once, rising: the taus pool, nothing scatters.
+    first = spread_of([step(10, 10.0, 2.0), step(20, 20.0, 4.0)], slo_)
+    assert first.tau == {"tpot_p90_ms": 3.0} and first.log_sd == {}
+    # 48 read 19.5 and 30.0 ms on two steps (the run 2): a between-step spread appears.
+    second = spread_of([step(40, 18.0, 2.0), step(48, 19.5, 2.0), step(48, 30.0, 2.0, "fail")], slo_)
+    assert second.log_sd["tpot_p90_ms"] > 0.2
+    # An unresolved step says nothing.
+    assert spread_of([step(48, 19.5, 2.0), step(48, 30.0, 9.0, "unresolved")], slo_).tau == {"tpot_p90_ms": 2.0}
