@@ -10,7 +10,8 @@ a between-step margin* in the docs, docs/concepts/repeatability.md):
    tau comes out low and the interval too narrow. The tau a percentile rule is judged with is the
    largest of three estimates: Geyer's on the rule's indicator series; batch means over
    `BATCHES` consecutive sub-windows of the step (tau = batch size x variance of the batch means
-   / variance of the series), which sees correlation that the truncated sum misses; and the tau
+   / variance of the series), which sees correlation that the truncated sum misses, taken only
+   where it exceeds what independent requests give in 95% of windows; and the tau
    pooled over the point's earlier steps for the same rule (weighted by their requests), since
    the correlation is the server's and the corpus's, not one window's.
 2. **A step cannot see what it shares.** A factor common to every request of a step (the
@@ -46,6 +47,10 @@ from replay.search import isotonic
 BATCHES = 10
 # Fewer requests than this per batch say nothing about correlation: no batch-means estimate.
 MIN_BATCH = 3
+# On independent requests the batch-means ratio is chi-square with 9 degrees of freedom over 9:
+# above its 95% point (16.919 / 9) it shows correlation; below it, it is read as noise, so
+# independent windows are not made dearer in 19 of 20 cases.
+BATCH_SIGNIFICANT = 16.918977604620448 / 9
 _PERCENTILE_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p95|p99)_ms$")
 
 
@@ -93,9 +98,11 @@ def batch_tau(series: Sequence[float] | np.ndarray, batches: int = BATCHES) -> f
 
 
 def step_tau(indicator: Sequence[float] | np.ndarray, floor: float = 1.0) -> float:
-    """The largest of Geyer's tau, the batch-means tau and `floor` (the point's pooled tau)."""
+    """The largest of Geyer's tau, the batch-means tau (where it shows correlation beyond
+    chance, `BATCH_SIGNIFICANT`) and `floor` (the point's pooled tau)."""
     arr = np.asarray(indicator, dtype=float)
-    return max(intervals.autocorrelation_time(arr), batch_tau(arr), floor, 1.0)
+    batches = batch_tau(arr)
+    return max(intervals.autocorrelation_time(arr), batches if batches > BATCH_SIGNIFICANT else 1.0, floor, 1.0)
 
 
 def _count_sign(arr: np.ndarray, q: float, bound: float, tau_floor: float) -> tuple[int, float]:
