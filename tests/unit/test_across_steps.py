@@ -72,7 +72,9 @@ def test_batch_tau_sees_correlation_and_is_one_on_independent_or_short_series() 
     independent = [batch_tau(rng.normal(size=400)) for _ in range(200)]
     assert 0.8 < float(np.mean(independent)) < 1.4
     # Independent windows are rarely made dearer: batch means count only beyond chance.
-    assert float(np.mean([step_tau(rng.normal(size=400) > 0) for _ in range(200)])) < 1.1
+    windows = [rng.normal(size=400) > 0 for _ in range(200)]
+    geyer = float(np.mean([intervals.autocorrelation_time(w.astype(float)) for w in windows]))
+    assert float(np.mean([step_tau(w) for w in windows])) < geyer + 0.05
     # The judged tau is never below the floor the point's steps give.
     assert step_tau(rng.normal(size=100), floor=6.0) >= 6.0
 
