@@ -23,7 +23,9 @@ a between-step margin* in the docs, docs/concepts/repeatability.md):
    point; each interval is widened by z x that on the log scale (a multiplicative margin), and a
    percentile passes only when it clears `bound x exp(-z x sd)` on the order-statistic test, and
    fails only when it breaks `bound x exp(+z x sd)`. Until the point has a repeated or
-   out-of-order step there is no scatter to read and the margin is zero.
+   out-of-order step there is no scatter to read and the margin is zero; it is at most
+   `MAX_LOG_SD` (a factor of 1.63), past which the steps near the bound are coin tosses that
+   the pass-probability fit (replay.pass_fit) reports.
 
 Both apply to the figure's interval (`StepResult.slo_ci95`) and to the exceedance count behind
 the verdict (how many requests met the bound, tested against the binomial order-statistic
@@ -51,6 +53,12 @@ MIN_BATCH = 3
 # above its 95% point (16.919 / 9) it shows correlation; below it, it is read as noise, so
 # independent windows are not made dearer in 19 of 20 cases.
 BATCH_SIGNIFICANT = 16.918977604620448 / 9
+# The largest between-step sd of a figure's log the margin takes (a factor of exp(1.96 x 0.25) =
+# 1.63 each side). One pair of steps that read 4 and 40 ms at one load (a server that changed
+# between them) would otherwise make every later verdict inconclusive at any load; past this
+# spread a point's steps are coin tosses near the bound, and the pass-probability fit
+# (replay.pass_fit), not the margin, says so.
+MAX_LOG_SD = 0.25
 _PERCENTILE_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p95|p99)_ms$")
 
 
@@ -168,7 +176,7 @@ def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float]) -> Spread:
         weighted = [(s.requests_ok, s.slo_tau[key]) for s in closed if key in s.slo_tau and s.requests_ok]
         if weighted:
             taus[key] = sum(n * t for n, t in weighted) / sum(n for n, _ in weighted)
-        sd = between_step_log_sd(closed, key)
+        sd = min(between_step_log_sd(closed, key), MAX_LOG_SD)
         if sd > 0:
             sds[key] = sd
     return Spread(tau=taus, log_sd=sds)

@@ -132,3 +132,15 @@ def test_spread_of_pools_the_points_steps() -> None:
     assert second.log_sd["tpot_p90_ms"] > 0.2
     # An unresolved step says nothing.
     assert spread_of([step(48, 19.5, 2.0), step(48, 30.0, 9.0, "unresolved")], slo_).tau == {"tpot_p90_ms": 2.0}
+
+
+def test_the_margin_is_capped_so_one_wild_pair_does_not_stop_every_verdict() -> None:
+    from replay.across_steps import MAX_LOG_SD, spread_of
+    from replay.results import LatencySummary, LoadSpec
+    from tests.fakes.results import make_step
+
+    steps = [
+        make_step(load=LoadSpec(mode="concurrency", value=10), slo_verdict=v, tpot_ms=LatencySummary(p90=p90))
+        for v, p90 in (("pass", 4.0), ("fail", 40.0))
+    ]
+    assert spread_of(steps, {"tpot_p90_ms": 20.0}).log_sd == {"tpot_p90_ms": MAX_LOG_SD}
