@@ -305,3 +305,6 @@ def test_a_lowest_fail_that_also_passed_is_said_so_and_the_band_is_shown(tmp_pat
     rec = _section((out / "report.md").read_text(), "Recommendation")
     assert "24 (lowest conclusive fail, though it also passed 1 of 2)" in rec
     assert "- From every step: knee " in rec and "24 passed 1 of 2" in rec and "passed and failed at 24" in rec
+    with (out / "summary.csv").open(newline="") as f:
+        row = next(csv.DictReader(f))
+    assert (row["knee_fit"], row["knee_band_hi"], row["contested_concurrency"]) == ("20", "24", "24")
