@@ -20,15 +20,20 @@ a Wilson 95% interval on the pooled weight.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from replay import slo as slo_mod
 from replay.intervals import Z_975
 from replay.results import PassPoint, StepResult
 from replay.search import isotonic
 
 DEFAULT_LEVEL = 0.9
 INCONCLUSIVE_WEIGHT = 0.5
+# A rule whose figure stays within this share of its bound over two or more measured loads in a
+# row, up to the highest, has little margin: its verdicts there are close to coin tosses.
+LITTLE_MARGIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -120,3 +125,36 @@ def describe(fit: KneeFit) -> str | None:
     )
     contested = f"; passed and failed at {', '.join(map(str, fit.contested))}" if fit.contested else ""
     return f"knee {band}: {parts}; {answer}{contested}"
+
+
+def little_margin(steps: Sequence[StepResult], slo: Mapping[str, float]) -> list[str]:
+    """Rules whose figure stays within `LITTLE_MARGIN` of its bound from some load up to the
+    highest measured: "tpot_p90_ms 27-30 against 30 from 45 up (4 loads): little margin". The
+    figure per load is the median over its steps (replay.slo.ratios: measured / bound)."""
+    by_rule: dict[str, dict[int, list[float]]] = {}
+    for s in steps:
+        if s.load.mode != "concurrency" or s.slo_verdict == "unresolved":
+            continue
+        for rule, ratio in slo_mod.ratios(s, slo).items():
+            by_rule.setdefault(rule, {}).setdefault(int(s.load.value), []).append(ratio)
+    out = []
+    for rule, loads in by_rule.items():
+        xs = sorted(loads)
+        medians = [statistics.median(loads[x]) for x in xs]
+        run = 0
+        for m in reversed(medians):
+            if abs(m - 1.0) > LITTLE_MARGIN:
+                break
+            run += 1
+        if run < 2:
+            continue
+        tail = [r for x in xs[-run:] for r in loads[x]]
+        bound = slo[rule]
+        if rule == slo_mod.ATTAINMENT_KEY:
+            out.append(f"{rule} within {LITTLE_MARGIN:.0%} of its bound from {xs[-run]} up ({run} loads): little margin")
+            continue
+        out.append(
+            f"{rule} {min(tail) * bound:.3g}-{max(tail) * bound:.3g} against {bound:g} from {xs[-run]} up"
+            f" ({run} loads): little margin"
+        )
+    return out

@@ -90,6 +90,8 @@ def _recommendation(data: ReportData) -> list[str]:
     band = pass_fit.describe(fitted)
     if band is not None:
         out.append(f"- From every step: {band}")
+    for line in pass_fit.little_margin(best.steps, data.slo or {}):
+        out.append(f"- {line}")
     inconclusive = [s for s in best.steps if s.slo_verdict == "inconclusive"]
     if inconclusive:
         loads = ", ".join(num(s.load.value) for s in inconclusive)

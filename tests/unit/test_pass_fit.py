@@ -58,3 +58,20 @@ def test_unresolved_steps_say_nothing_and_the_level_is_checked():
     assert fit_trials([]).knee_fit is None and describe(fit_trials([])) is None
     with pytest.raises(ValueError, match="between 0 and 1"):
         fit_trials([(1, "pass")], 1.0)
+
+
+def test_a_rule_near_its_bound_over_the_top_loads_is_named():
+    from replay.results import LatencySummary
+
+    from replay.pass_fit import little_margin
+
+    def step(c: int, p90: float):
+        return make_step(load=LoadSpec(mode="concurrency", value=c), slo_verdict="pass", tpot_ms=LatencySummary(p90=p90))
+
+    # The flat TPOT: 16 ms at 32, then 27-30 ms from 45 up against 30 ms.
+    steps = [step(32, 16.0), step(45, 28.0), step(48, 27.0), step(48, 30.0), step(52, 29.0)]
+    assert little_margin(steps, {"tpot_p90_ms": 30.0, "error_rate": 0.0}) == [
+        "tpot_p90_ms 27-30 against 30 from 45 up (3 loads): little margin"
+    ]
+    # Rising through the bound is a knee, not a flat metric.
+    assert little_margin([step(32, 16.0), step(45, 22.0), step(52, 40.0)], {"tpot_p90_ms": 30.0}) == []
