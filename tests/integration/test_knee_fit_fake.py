@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from replay.across_steps import MAX_LOG_SD
 from replay.corpus import load_corpus
 from replay.results import LoadSpec, StepResult
 from replay.session import run_replay
@@ -74,3 +75,54 @@ def test_a_load_that_passes_long_and_fails_short_is_shown_and_the_knee_comes_fro
     assert (at[10].passes, at[10].steps) == (1, 2) and at[10].probability == 0.5
     assert at[9].probability == 1.0
     assert results.knee_fit == 9 and results.knee_fit_level == 0.9 and results.knee_band == [9, 10]
+    # The verdicts rest on the across-step intervals; the contested pair at 10 (20 and 300 ms)
+    # brings the between-step margin, capped, to the steps after it.
+    assert all("tpot_p90_ms" in s.slo_ci95 and s.slo_tau["tpot_p90_ms"] >= 1 for s in results.steps)
+    assert not long.slo_margin_log_sd and results.steps[2].slo_margin_log_sd == {"tpot_p90_ms": MAX_LOG_SD}
+
+
+class PreemptLate:
+    """Turns spurious preemptions on once `after` measured requests have finished."""
+
+    def __init__(self, server: FakeServer, after: int) -> None:
+        self.server, self.after, self.measured = server, after, 0
+
+    def step_started(self, load: LoadSpec) -> None:
+        pass
+
+    def request_sent(self) -> None:
+        pass
+
+    def request_finished(self, record, *, measured: bool) -> None:
+        self.measured += measured
+        if self.measured == self.after:
+            self.server.behavior = replace(self.server.behavior, preemption_rate=0.2)
+
+    def step_finished(self, step: StepResult) -> None:
+        pass
+
+    def probe_planned(self, concurrency: int, search_eta_s: float | None) -> None:
+        pass
+
+
+@pytest.mark.timeout(180)
+def test_preemptions_after_the_stated_exposure_do_not_fail_max_preemptions_0(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"prompt": f"request {i}", "max_tokens": 4}) + "\n" for i in range(3000)))
+    # 300 measured requests; preemptions start after 220 of them, well after the first 100 ended.
+    settings = ReplaySettings(concurrency=[4], min_requests=300, max_requests=300, metrics_interval_s=0.2)
+
+    async def main():
+        async with FakeServer(FAST) as srv:
+            return await run_replay(
+                url=srv.url, corpus=load_corpus(corpus), settings=settings,
+                slo={"tpot_p90_ms": 1000.0, "max_preemptions": 0.0}, observer=PreemptLate(srv, 220),
+            )  # fmt: skip
+
+    (step,) = asyncio.run(main()).steps
+    assert step.server.preemptions and step.server.preemptions > 0
+    assert step.preemptions_in_exposure == 0
+    assert step.preemptions_per_request is not None and step.preemptions_per_request > 0
+    lo, hi = step.preemptions_per_request_ci95
+    assert 0 < lo < step.preemptions_per_request < hi
+    assert step.slo_verdicts["max_preemptions"] == "pass" and step.slo_verdict == "pass"
