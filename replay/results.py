@@ -329,13 +329,15 @@ class StepResult(_Model):
 class PassPoint(_Model):
     """One load of a point's pass-probability fit (replay.pass_fit)."""
 
+    # The load (concurrency) the steps ran at.
     concurrency: int
-    # Steps at this load that passed, and informative steps measured there (unresolved left out).
+    # Steps at this load that passed.
     passes: int
+    # Informative steps measured at this load (unresolved ones left out).
     steps: int
-    # The fitted probability that a step at this load passes (isotonic, non-increasing in load),
-    # and its Wilson 95% interval on the evidence the fit pooled.
+    # The fitted probability that a step at this load passes (isotonic, non-increasing in load).
     probability: float
+    # Its Wilson 95% interval, on the evidence the fit pooled.
     ci95: list[float]
 
 
@@ -387,14 +389,17 @@ class ReplayResults(_Model):
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
-    # The knee read from every step (replay.pass_fit): the highest load whose fitted pass
-    # probability is at least knee_fit_level; the band [highest load at and below which every
-    # step passed, highest load with a pass]; loads that both passed and did not; and the fit per
-    # load. Absent in older files.
+    # The knee read from every step (replay.pass_fit): the highest measured load whose fitted pass
+    # probability is at least knee_fit_level. Absent in older files.
     knee_fit: int | None = None
+    # The pass-probability level knee_fit was read at ([replay] knee_pass_probability).
     knee_fit_level: float | None = None
+    # [highest load at and below which every step passed, highest load with a pass]: where the
+    # steps disagree or fail.
     knee_band: list[int | None] | None = None
+    # Loads that both passed and did not pass (shown, never hidden).
     contested_concurrency: list[int] = Field(default_factory=list)
+    # The fit per load: passes, steps, fitted pass probability and its interval.
     pass_probability: list[PassPoint] = Field(default_factory=list)
     # Concurrencies whose every step ran out of time before it could resolve (never failures).
     unresolved_concurrency: list[int] = Field(default_factory=list)

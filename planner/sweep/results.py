@@ -151,13 +151,17 @@ class PointResult(_Model):
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
-    # The knee read from every step (replay.pass_fit; see replay.results.ReplayResults): the
-    # highest load at pass probability >= knee_fit_level, the band of disagreeing steps, the loads
-    # that both passed and did not, and the fit per load. Absent in older files.
+    # The knee read from every step (replay.pass_fit): the highest measured load whose fitted pass
+    # probability is at least knee_fit_level. Absent in older files.
     knee_fit: int | None = None
+    # The pass-probability level knee_fit was read at ([replay] knee_pass_probability).
     knee_fit_level: float | None = None
+    # [highest load at and below which every step passed, highest load with a pass]: where the
+    # steps disagree or fail.
     knee_band: list[int | None] | None = None
+    # Loads that both passed and did not pass (shown, never hidden).
     contested_concurrency: list[int] = Field(default_factory=list)
+    # The fit per load: passes, steps, fitted pass probability and its interval.
     pass_probability: list[PassPoint] = Field(default_factory=list)
     # Concurrencies whose every step ran out of time before it could resolve (never failures),
     # and whether [replay] point_budget_s stopped the search before it was done.
