@@ -36,7 +36,9 @@ With `confirm`, the highest pass is measured once more before the search ends (t
 takes fresh prompts); if the repeat does not pass, that concurrency now counts as failing, and
 the search goes on below it, first one precision step below it (a load that passed once is
 near the knee; falling back to the bracket's low end, often the start-up's guess, paid for
-steps far below it), and confirms again.
+steps far below it), and confirms again. The same holds whenever a step at or just above the
+lowest failure (within two precision steps) passed: the steps disagree there, and the knee is
+close below.
 
 The confirmation is also the guard on the model's assumption: a server whose latency fell with
 load would show it as a pass that does not repeat.
@@ -185,9 +187,12 @@ def _narrow(probes: list[Probe], upper: int | None, rel_precision: float) -> int
         return None
     tried = {p.concurrency for p in informative}
     # A failed confirmation (or any repeat that did not pass) makes the lowest failure a load
-    # that also passed: the knee is close below it, whatever the bracket's lower end, so the
-    # next probe is one precision step down (replay.pass_fit reads the answer from every step).
-    if any(p.concurrency == hi and p.passed for p in informative):
+    # that also passed, or one just below a pass (within two precision steps; a pass far above is
+    # noise and ignored): the steps disagree there and the knee is close below it, whatever the
+    # bracket's lower end, so the next probe is one precision step down (replay.pass_fit reads
+    # the answer from every step).
+    near = hi + max(1, math.ceil(2 * rel_precision * hi))
+    if any(hi <= p.concurrency <= near and p.passed for p in informative):
         below = hi - max(1, math.ceil(rel_precision * hi))
         if lo < below and below not in tried:
             return below

@@ -285,3 +285,10 @@ def test_a_failed_confirmation_steps_one_precision_step_down_not_to_the_low_gues
     assert next_probe(history, confirm=True) == 49
     # Once 49 is tried the search narrows as before.
     assert next_probe([*history, Probe(49, "fail")], confirm=True) not in (None, 49)
+
+
+def test_below_a_disagreement_the_search_steps_down_by_precision_not_halving():
+    # 34 passed, then its confirmation and 33 did not; 31 was inconclusive with nothing passed
+    # below it: the steps disagree from 33 up, so 29 is next, not a halving to 15.
+    history = [Probe(40, "fail"), Probe(34, "pass"), Probe(34, "inconclusive"), Probe(33, "fail"), Probe(31, "inconclusive")]
+    assert next_probe(history, confirm=True) == 29
