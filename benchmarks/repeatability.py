@@ -10,8 +10,8 @@ whether each step's stated 95% intervals hold across steps. It prints:
   and of the interval its verdict rests on (`slo_ci95`, replay.across_steps): the share that
   contain the pooled estimate (the request-weighted mean of the steps' estimates);
 - how often one load got opposite verdicts: over every load measured at least twice (all the
-  searches' steps and the fixed ones), the share with both a pass and a fail, and the verdicts
-  at the fixed load.
+  searches' steps and the fixed ones), how many had both a pass and a fail, and how many a pass
+  and an inconclusive step, and the verdicts at the fixed load.
 
 Targets:
 - `--target fake` (the default): the fake server as its own process, one per search, at
@@ -117,14 +117,17 @@ def coverage(steps: list[StepResult], slo: dict[str, float]) -> dict[str, tuple[
     return out
 
 
-def opposite_verdicts(steps: list[StepResult]) -> tuple[int, int]:
-    """(loads measured at least twice that got both a pass and a fail, loads measured at least twice)."""
+def opposite_verdicts(steps: list[StepResult]) -> tuple[int, int, int]:
+    """Over loads measured at least twice: (those with both a pass and a fail, those with a pass
+    and an inconclusive step but no fail, how many loads)."""
     by_load: dict[int, list[str]] = defaultdict(list)
     for s in steps:
         if s.load.mode == "concurrency" and s.slo_verdict in ("pass", "fail", "inconclusive"):
             by_load[int(s.load.value)].append(s.slo_verdict)
     repeated = {c: v for c, v in by_load.items() if len(v) >= 2}
-    return sum(1 for v in repeated.values() if "pass" in v and "fail" in v), len(repeated)
+    both = sum(1 for v in repeated.values() if "pass" in v and "fail" in v)
+    undecided = sum(1 for v in repeated.values() if "pass" in v and "inconclusive" in v and "fail" not in v)
+    return both, undecided, len(repeated)
 
 
 def main() -> int:
@@ -192,8 +195,9 @@ def main() -> int:
         print(f"{len(fixed)} steps at {load}: verdicts {dict((v, verdicts.count(v)) for v in sorted(set(map(str, verdicts))))}")
         for key, (today, across, n) in coverage(fixed, slo).items():
             print(f"  {key}: coverage of the pooled estimate over {n} steps: step's own ci95 {today:.0%}, across steps (slo_ci95) {across:.0%}")
-    both, repeated = opposite_verdicts([s for r in searches for s in r["steps"]] + fixed)
-    print(f"loads measured at least twice: {repeated}; with both a pass and a fail: {both}")
+    both, undecided, repeated = opposite_verdicts([s for r in searches for s in r["steps"]] + fixed)
+    print(f"loads measured at least twice: {repeated}; with both a pass and a fail: {both};"
+          f" with a pass and an inconclusive step (no fail): {undecided}")
     if args.json:
         args.json.write_text(json.dumps({
             "answers": [r["answer"] for r in searches],
