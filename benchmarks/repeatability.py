@@ -82,7 +82,9 @@ async def one_search(url: str, corpus_path: Path, slo: dict[str, float], setting
     return {"answer": outcome.max_passing, "steps": list(replay.steps), "wall_s": wall}
 
 
-async def fixed_steps(url: str, corpus_path: Path, slo: dict[str, float], settings: ReplaySettings, load: int, k: int) -> list[StepResult]:
+async def fixed_steps(
+    url: str, corpus_path: Path, slo: dict[str, float], settings: ReplaySettings, load: int, k: int
+) -> list[StepResult]:
     corpus = load_corpus(corpus_path)
     async with StreamingClient(
         url, model=None, api="completions", max_connections=max(load, 1) + 8, request_timeout_s=settings.request_timeout_s

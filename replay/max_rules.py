@@ -93,10 +93,14 @@ def kv_share_above(samples: Sequence[Sample], open_s: float, close_s: float, bou
 
 
 def figures(
-    samples: Sequence[Sample], open_s: float | None, close_s: float | None, measured: Sequence[RequestRecord],
-    step: StepResult, slo: dict[str, float],
+    samples: Sequence[Sample],
+    open_s: float | None,
+    close_s: float | None,
+    measured: Sequence[RequestRecord],
+    step: StepResult,
+    slo: dict[str, float],
 ) -> dict[str, object]:
-    """The StepResult fields these rules are judged on (empty when the SLOs set neither rule)."""  # fmt: skip
+    """The StepResult fields these rules are judged on (empty when the SLOs set neither rule)."""
     out: dict[str, object] = {}
     if open_s is None or close_s is None:
         return out

@@ -151,7 +151,9 @@ def little_margin(steps: Sequence[StepResult], slo: Mapping[str, float]) -> list
         tail = [r for x in xs[-run:] for r in loads[x]]
         bound = slo[rule]
         if rule == slo_mod.ATTAINMENT_KEY:
-            out.append(f"{rule} within {LITTLE_MARGIN:.0%} of its bound from {xs[-run]} up ({run} loads): little margin")
+            out.append(
+                f"{rule} within {LITTLE_MARGIN:.0%} of its bound from {xs[-run]} up ({run} loads): little margin"
+            )
             continue
         out.append(
             f"{rule} {min(tail) * bound:.3g}-{max(tail) * bound:.3g} against {bound:g} from {xs[-run]} up"
