@@ -10,6 +10,7 @@ from rich.table import Table
 
 from planner import cost
 from replay.results import ReplayResults, StepResult
+from replay.search import pass_fit
 
 
 def stdout_console() -> Console:
@@ -107,6 +108,9 @@ def replay_summary(results: ReplayResults) -> list[str]:
                 f"knee between {lo if lo is not None else 'none'} (conclusive pass) and {hi if hi is not None else 'none'}"
                 f" (conclusive fail); {'confirmed' if results.confirmed else 'not confirmed'} on fresh prompts"
             )
+        band = pass_fit.describe(pass_fit.fit(results.steps, results.knee_fit_level or pass_fit.DEFAULT_LEVEL))
+        if band is not None:
+            lines.append(f"from every step: {band}")
     if results.concurrency_unit == "sessions":
         lines.append("concurrency counts sessions (users in flight), not requests")
         lines.extend(session_lines(results.steps))

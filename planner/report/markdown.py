@@ -9,6 +9,7 @@ from planner.report.fleet import FleetPlan
 from planner.report.suggestions import suggest
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import ServerLatency, StepResult
+from replay.search import pass_fit
 from replay.slo import rules as slo_mod
 
 DASH = "-"
@@ -75,13 +76,22 @@ def _recommendation(data: ReportData) -> list[str]:
                 f"- Throughput at that concurrency: **{num(step.output_tokens_per_s)} output tokens/s**, "
                 f"{num(step.requests_per_s, 2)} requests/s"
             )
+    fitted = pass_fit.fit(best.steps)
     if best.knee_interval is not None:
         lo, hi = best.knee_interval
+        # A load that failed and also passed is not a clean fail: say so (replay.search.pass_fit).
+        passed_too = next((p for p in fitted.points if p.concurrency == hi and p.passes), None)
+        also = f", though it also passed {passed_too.passes} of {passed_too.steps}" if passed_too else ""
         out.append(
-            f"- Knee: between {num(lo)} (highest conclusive pass) and {num(hi)} (lowest conclusive fail); "
+            f"- Knee: between {num(lo)} (highest conclusive pass) and {num(hi)} (lowest conclusive fail{also}); "
             + ("the highest pass was **confirmed** by a repeat on fresh prompts"
                if best.confirmed else "the highest pass was **not confirmed** by a repeat")
         )
+    band = pass_fit.describe(fitted)
+    if band is not None:
+        out.append(f"- From every step: {band}")
+    for line in pass_fit.little_margin(best.steps, data.slo or {}):
+        out.append(f"- {line}")
     inconclusive = [s for s in best.steps if s.slo_verdict == "inconclusive"]
     if inconclusive:
         loads = ", ".join(num(s.load.value) for s in inconclusive)

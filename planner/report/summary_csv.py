@@ -8,6 +8,7 @@ from typing import Any
 
 from planner.report.view import PointView, ReportData
 from replay.results import StepResult
+from replay.search import pass_fit
 
 STEP_COLUMNS = (
     "load_mode", "load_value", "requests_ok", "requests_failed", "requests_per_s", "output_tokens_per_s",
@@ -27,6 +28,9 @@ SERVER_COLUMNS = (
 POINT_COLUMNS = (
     "point_id", "status", "failure_kind", "gpus", "kv_cache_tokens", "max_passing_concurrency",
     "safe_concurrency", "safe_concurrency_per_gpu", "confirmed", "knee_pass", "knee_fail",
+    # The knee read from every step (replay.search.pass_fit): pass probability >= 0.9, the band of
+    # disagreeing loads, and the loads that both passed and failed (space-separated).
+    "knee_fit", "knee_band_lo", "knee_band_hi", "contested_concurrency",
 )
 
 
@@ -95,6 +99,7 @@ def _side(ci95: dict | None, stat: str, side: int) -> float | None:
 
 
 def _point_fields(p: PointView) -> dict[str, Any]:
+    fitted = pass_fit.fit(p.steps)
     return {
         "point_id": p.id,
         "status": p.status,
@@ -107,6 +112,10 @@ def _point_fields(p: PointView) -> dict[str, Any]:
         "confirmed": p.confirmed,
         "knee_pass": p.knee_interval[0] if p.knee_interval else None,
         "knee_fail": p.knee_interval[1] if p.knee_interval else None,
+        "knee_fit": fitted.knee_fit,
+        "knee_band_lo": fitted.knee_band[0],
+        "knee_band_hi": fitted.knee_band[1],
+        "contested_concurrency": " ".join(map(str, fitted.contested)) or None,
     }
 
 

@@ -11,7 +11,8 @@ import numpy as np
 from planner.capacity import Failure
 from planner.sweep.results import INFEASIBLE_KINDS, Best, PointResult, PointStatus
 from replay.results import StepResult
-from replay.search.verdicts import binding_constraint, knee
+from replay.search.pass_fit import DEFAULT_LEVEL
+from replay.search.verdicts import binding_constraint, knee, knee_fields
 
 UPPER_BOUND_CONSTRAINT = "kv_capacity_bound"
 
@@ -35,6 +36,7 @@ def conclude(
     gpus: int,
     headroom: float,
     gpu_totals_mib: dict[str, float],
+    knee_level: float = DEFAULT_LEVEL,
 ) -> None:
     """Fill in a point whose search ended: lo passed, hi failed (None: none did), `upper` was the
     search's ceiling, set by `limit`; the point holds `gpus` GPUs. The GPU memory headroom is each sampled GPU's total
@@ -45,6 +47,8 @@ def conclude(
     r.min_failing_concurrency = hi
     r.binding_constraint = binding_constraint(r.steps, hi, limit if hi is None and lo == upper else None)
     r.confirmed, r.knee_interval = knee(r.steps)
+    for name, value in knee_fields(r.steps, knee_level).items():
+        setattr(r, name, value)
     r.safe_concurrency = safe_concurrency(lo, headroom)
     r.gpus = gpus
     if r.safe_concurrency is not None:

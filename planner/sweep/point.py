@@ -424,6 +424,7 @@ class PointRunner:
             gpus=self.point.gpus,
             headroom=settings.slo.headroom,
             gpu_totals_mib={g.index: g.memory_total_mib for g in ctx.gpu_inventory},
+            knee_level=settings.replay.knee_pass_probability,
         )
         if (lost := metrics_lost(r.steps)) is not None:
             note, unchecked = lost

@@ -13,7 +13,7 @@ from planner.sweep.disk import NO_SPACE, ResultsNotWritten
 from replay.errors import SloSpecError
 from replay.identity import Identity
 from replay.model import ResultModel
-from replay.results import StepResult, write_json_atomic
+from replay.results import PassPoint, StepResult, write_json_atomic
 from replay.slo import rules as slo_mod
 
 RESULTS_FILE = "sweep.json"
@@ -238,6 +238,18 @@ class PointResult(ResultModel):
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
+    # The knee read from every step (replay.search.pass_fit): the highest measured load whose
+    # fitted pass probability is at least knee_fit_level. Absent in older files.
+    knee_fit: int | None = None
+    # The pass-probability level knee_fit was read at ([replay] knee_pass_probability).
+    knee_fit_level: float | None = None
+    # [highest load at and below which every step passed, highest load with a pass]: where the
+    # steps disagree or fail.
+    knee_band: list[int | None] | None = None
+    # Loads that both passed and did not pass (shown, never hidden).
+    contested_concurrency: list[int] = Field(default_factory=list)
+    # The fit per load: passes, steps, fitted pass probability and its interval.
+    pass_probability: list[PassPoint] = Field(default_factory=list)
     # Concurrencies whose every step ran out of time before it could resolve (never failures),
     # and whether [replay] point_budget_s stopped the search before it was done.
     unresolved_concurrency: list[int] = Field(default_factory=list)

@@ -15,7 +15,7 @@ from replay.identity import Identity, measured_identity, served_model_files
 from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
 from replay.run.runner import Replay, planned_loads, search_start
 from replay.run.settings import ReplaySettings
-from replay.search.verdicts import binding_constraint, knee
+from replay.search.verdicts import binding_constraint, knee, knee_fields
 from replay.step.observer import ReplayObserver
 
 RESULTS_FILE = "replay.json"
@@ -73,6 +73,8 @@ async def find_max(replay: Replay, settings: ReplaySettings, results: ReplayResu
     cap = "max_concurrency" if hi is None and settings.max_concurrency else None
     results.binding_constraint = binding_constraint(replay.steps, hi, cap)
     results.confirmed, results.knee_interval = knee(replay.steps)
+    for name, value in knee_fields(replay.steps, settings.knee_pass_probability).items():
+        setattr(results, name, value)
 
 
 async def run_replay(

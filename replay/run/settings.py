@@ -83,6 +83,9 @@ class ReplaySettings(BaseModel):
     point_budget_s: float | None = Field(default=None, gt=0)
     # Measure the highest passing concurrency again on fresh prompts before reporting it.
     confirm_knee: bool = True
+    # The knee read from every step is the highest load whose fitted pass probability is at least
+    # this (replay.search.pass_fit).
+    knee_pass_probability: float = Field(default=0.9, gt=0, lt=1)
     # Merged into every request body (temperature, top_p, ...).
     extra_body: dict[str, Any] = Field(default_factory=dict)
 

@@ -45,6 +45,11 @@ planner.sweep.classes); without it the growth is FAKE_VLLM_ITL_GROWTH as given. 
 within max-num-seqs and the pool, ITL is about itl_s x (1 + growth x C): an ITL SLO of X s
 passes up to C = (X / itl_s - 1) / growth, the known answer a sweep's search must find.
 
+Noise (tests/fakes/openai_server.py's Behavior): FAKE_VLLM_SLOWNESS_SIGMA (a per-request lognormal
+factor on every gap), FAKE_VLLM_STEP_SIGMA (a lognormal factor shared by all requests until the
+server idles, drawn anew per step), FAKE_VLLM_PREEMPTION_RATE (spurious preemptions per request
+per request running); all 0 by default.
+
 Other knobs: FAKE_VLLM_STARTUP_S (seconds before the port opens); FAKE_VLLM_DIE_AFTER_S (after
 ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)); FAKE_VLLM_DIE_AFTER_REQUESTS
 (the same once N completion requests have arrived: unlike a time, independent of machine load);
@@ -531,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
             itl_s=_env_float("FAKE_VLLM_ITL_S", 0.01),
             ttft_growth_per_running=_env_float("FAKE_VLLM_TTFT_GROWTH", 0.05),
             itl_growth_per_running=itl_growth(args.max_num_batched_tokens),
+            slowness_sigma=_env_float("FAKE_VLLM_SLOWNESS_SIGMA", 0.0),
+            step_sigma=_env_float("FAKE_VLLM_STEP_SIGMA", 0.0),
+            preemption_rate=_env_float("FAKE_VLLM_PREEMPTION_RATE", 0.0),
             max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
             kv_cache_tokens=kv_tokens,
             max_model_len=max_model_len,
