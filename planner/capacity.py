@@ -20,8 +20,18 @@ FailureKind = Literal[
     "bad_flag",
     "timeout",
     "crashed",
+    # Another process held the server's port when it bound it (a sweep starts it again elsewhere).
+    "port_taken",
     # During the replay (status "failed"): the server died or stopped answering.
     "server_died",
+    # The server's process was killed by the kernel's OOM killer (SIGKILL, and the cgroup counted it).
+    "server_oom_killed",
+    # Alive but doing nothing (planner.sweep.liveness): stopped (SIGSTOP), or /health unanswered.
+    "server_hung",
+    # /health answers but no stream moves: requests end on the read timeout with nothing sent.
+    "stream_stalled",
+    # /metrics went away mid-point and an SLO needs the server's metrics (max_preemptions, ttft_server_*).
+    "metrics_lost",
     "replay_error",
     # Ready, but it reported no KV-cache capacity and the search had no other bound.
     "no_capacity",

@@ -37,6 +37,21 @@ def positive_int(flag: str) -> Callable[[str], int]:
     return parse
 
 
+def whole_number(least: int, of: str, at_least: str) -> Callable[[str], int]:
+    """An integer >= `least`: "'x' is not a whole number of {of}", or "'-1' must be >= {at_least}"."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {of}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {at_least}")
+        return value
+
+    return parse
+
+
 def scalar(text: str) -> int | float | bool | str:
     """A flag's value as TOML would type it: 8192 -> int, 0.9 -> float, true -> bool, else the text."""
     lowered = text.strip().lower()
@@ -62,6 +77,12 @@ def key_values(flag: str, *, many: bool) -> Callable[[str], tuple[str, object]]:
         return key.strip().replace("-", "_"), values if many else values[0]
 
     return parse
+
+
+def flag_values(args: argparse.Namespace, *names: str, **others: object) -> dict[str, object]:
+    """The keyword arguments of settings built from a command's flags: each flag of `names` (its
+    dest, which is the field's name) with its value, then `others` for fields named otherwise."""
+    return {name: getattr(args, name) for name in names} | others
 
 
 def env_default(name: str, default: str | None = None) -> str | None:

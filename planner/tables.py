@@ -13,6 +13,7 @@ from planner.report.environment import disturbed_lines
 from planner.sweep.fresh import summary as fresh_summary
 from replay.results import ReplayResults, StepResult
 from replay.search import binding as binding_mod
+from replay.search import pass_fit
 
 
 def stdout_console() -> Console:
@@ -111,6 +112,9 @@ def replay_summary(results: ReplayResults) -> list[str]:
                 f"knee between {lo if lo is not None else 'none'} (conclusive pass) and {hi if hi is not None else 'none'}"
                 f" (conclusive fail); {'confirmed' if results.confirmed else 'not confirmed'} on fresh prompts"
             )
+        band = pass_fit.describe(pass_fit.fit(results.steps, results.knee_fit_level or pass_fit.DEFAULT_LEVEL))
+        if band is not None:
+            lines.append(f"from every step: {band}")
     lines.extend(disturbed_lines(results.steps, results.disturbed_concurrency, results.interference_allowed))
     if results.concurrency_unit == "sessions":
         lines.append("concurrency counts sessions (users in flight), not requests")
@@ -176,6 +180,13 @@ def sweep_summary(results) -> list[str]:
         lines += [f"  {p.id}: {line}" for line in disturbed_lines(p.steps, p.disturbed_concurrency, p.interference_allowed)]
     if results.fresh_server is not None:
         lines.append(fresh_summary(results.fresh_server))
+    adaptive = getattr(results, "adaptive", None)
+    if adaptive is not None:
+        # [sweep] strategy = "adaptive" (planner.sweep.adaptive): how the points were answered.
+        lines.append(
+            f"adaptive: {adaptive.searched} searched, {adaptive.verified} verified, {adaptive.predicted} predicted,"
+            f" {adaptive.dominated} dominated; {adaptive.fallbacks} verification(s) fell back to a full search"
+        )
     if results.interrupted:
         lines.append("the sweep was interrupted; finished points are kept (rerun with --resume)")
     return lines

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -73,6 +73,8 @@ _ROOT_CAUSES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     ("world_size_too_large", re.compile(r"World size \(\d+\) is larger than the number of available GPUs")),
     ("heads_not_divisible", re.compile(r"number of attention heads \(\d+\) must be divisible by tensor parallel size")),
     ("max_model_len_too_long", re.compile(r"User-specified max_model_len \(\d+\) is greater than the derived")),
+    # uvicorn's bind error, or vLLM's own socket: another process holds the port.
+    ("port_taken", re.compile(r"error while attempting to bind on address|\[Errno 98\] Address already in use")),
 )
 _WRAPPERS = re.compile(r"EngineCore failed to start|Engine core initialization failed")
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:?|^Fatal Python error:")
@@ -102,6 +104,23 @@ def _float(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+_Field = tuple[str, Callable[[str], int | float]]
+# The capacity figures of the start-up log. For each, the patterns that report it, the newest
+# wording first (the first that matches is read), and the Capacity field that each of the
+# pattern's groups fills (None: a group not read).
+_FIGURES: tuple[tuple[tuple[re.Pattern[str], tuple[_Field | None, ...]], ...], ...] = (
+    ((_KV_TOKENS, (("kv_cache_tokens", _int),)),),
+    ((_MAX_CONCURRENCY, (("max_model_len", _int), ("max_concurrency_reported", _float))),),
+    ((_GPU_BLOCKS, (("num_gpu_blocks", _int),)),),
+    ((_AVAILABLE_KV, (("available_kv_cache_gib", _float),)), (_CPU_KV_SET, (("available_kv_cache_gib", _float),))),
+    (
+        (_MODEL_LOADING, (("model_weights_gib", _float), ("model_load_s", _float))),
+        (_MODEL_WEIGHTS_OLD, (("model_weights_gib", _float),)),
+    ),
+    ((_GRAPH_CAPTURE, (None, ("cuda_graph_gib", _float))),),
+)
+
+
 def parse_capacity(log_text: str, block_size: int | None = None) -> Capacity:
     """The capacity figures the log reports. `block_size` turns a `# GPU blocks` count into tokens.
 
@@ -111,29 +130,18 @@ def parse_capacity(log_text: str, block_size: int | None = None) -> Capacity:
     text = _ANSI.sub("", log_text)
     capacity = Capacity(block_size=block_size)
 
-    if m := _KV_TOKENS.search(text):
-        capacity.kv_cache_tokens = _int(m.group(1))
-    if m := _MAX_CONCURRENCY.search(text):
-        capacity.max_model_len = _int(m.group(1))
-        capacity.max_concurrency_reported = _float(m.group(2))
-    if m := _GPU_BLOCKS.search(text):
-        capacity.num_gpu_blocks = _int(m.group(1))
-        if capacity.kv_cache_tokens is None and block_size is not None:
-            capacity.kv_cache_tokens = capacity.num_gpu_blocks * block_size
+    for alternatives in _FIGURES:
+        for pattern, fields in alternatives:
+            if m := pattern.search(text):
+                for group, field in enumerate(fields, 1):
+                    if field is not None:
+                        name, convert = field
+                        setattr(capacity, name, convert(m.group(group)))
+                break
+    if capacity.kv_cache_tokens is None and capacity.num_gpu_blocks is not None and block_size is not None:
+        capacity.kv_cache_tokens = capacity.num_gpu_blocks * block_size
     if capacity.kv_cache_tokens is not None:
         capacity.source = "log"
-
-    if m := _AVAILABLE_KV.search(text):
-        capacity.available_kv_cache_gib = _float(m.group(1))
-    elif m := _CPU_KV_SET.search(text):
-        capacity.available_kv_cache_gib = _float(m.group(1))
-    if m := _MODEL_LOADING.search(text):
-        capacity.model_weights_gib = _float(m.group(1))
-        capacity.model_load_s = _float(m.group(2))
-    elif m := _MODEL_WEIGHTS_OLD.search(text):
-        capacity.model_weights_gib = _float(m.group(1))
-    if m := _GRAPH_CAPTURE.search(text):
-        capacity.cuda_graph_gib = _float(m.group(2))
     return capacity
 
 

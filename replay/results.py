@@ -392,6 +392,28 @@ class StepResult(ResultModel):
     # Each client-side percentile rule that passed: the exceedance test that passed it (shown
     # beside an interval that is open above). Absent in older files.
     slo_exceedance: dict[str, SloExceedance] = Field(default_factory=dict)
+    # Percentile rules judged across steps (replay.stats.across_steps): per rule, the 95% interval
+    # the verdict rests on (the step's own ci95 with its tau floored, widened by the between-step
+    # margin). Absent in older files.
+    slo_ci95: dict[str, list[float | None]] = Field(default_factory=dict)
+    # Per percentile rule, the step's own tau (Geyer's or batch means', the larger), which the
+    # point's later steps pool as a floor. Absent in older files.
+    slo_tau: dict[str, float] = Field(default_factory=dict)
+    # Per percentile rule, the between-step sd of the figure's natural log behind the margin (only
+    # rules with a margin). Absent in older files.
+    slo_margin_log_sd: dict[str, float] = Field(default_factory=dict)
+    # Rules over a maximum judged the same at any length (replay.slo.max_rules): preemptions while
+    # the window's first 100 measured requests ran, which max_preemptions = 0 judges. Null when
+    # not judged.
+    preemptions_in_exposure: float | None = None
+    # Preemptions per measured request over the window, which max_preemptions = N > 0 judges
+    # against N per 100 requests. Null when not judged.
+    preemptions_per_request: float | None = None
+    # Its exact Poisson (Garwood) 95% interval.
+    preemptions_per_request_ci95: list[float] | None = None
+    # The share of the window's KV-cache usage samples above kv_cache_usage_max, which that rule
+    # judges (at most 5%). Null when not judged.
+    kv_cache_above_share: float | None = None
     # 95% interval of requests_per_s (batch means over ten slices of the window).
     requests_per_s_ci95: list[float | None] | None = None
     # 95% interval of output_tokens_per_s.
@@ -422,6 +444,21 @@ class StepResult(ResultModel):
     # Session corpora only: the load's value counts sessions (users); this says how they mapped
     # to requests in flight, and the per-turn figures. Absent for plain corpora and older files.
     sessions: SessionSummary | None = None
+
+
+class PassPoint(ResultModel):
+    """One load of a point's pass-probability fit (replay.search.pass_fit)."""
+
+    # The load (concurrency) the steps ran at.
+    concurrency: int
+    # Steps at this load that passed.
+    passes: int
+    # Informative steps measured at this load (unresolved ones left out).
+    steps: int
+    # The fitted probability that a step at this load passes (isotonic, non-increasing in load).
+    probability: float
+    # Its Wilson 95% interval, on the evidence the fit pooled.
+    ci95: list[float]
 
 
 class CorpusInfo(ResultModel):
@@ -475,6 +512,18 @@ class ReplayResults(ResultModel):
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
+    # The knee read from every step (replay.search.pass_fit): the highest measured load whose
+    # fitted pass probability is at least knee_fit_level. Absent in older files.
+    knee_fit: int | None = None
+    # The pass-probability level knee_fit was read at ([replay] knee_pass_probability).
+    knee_fit_level: float | None = None
+    # [highest load at and below which every step passed, highest load with a pass]: where the
+    # steps disagree or fail.
+    knee_band: list[int | None] | None = None
+    # Loads that both passed and did not pass (shown, never hidden).
+    contested_concurrency: list[int] = Field(default_factory=list)
+    # The fit per load: passes, steps, fitted pass probability and its interval.
+    pass_probability: list[PassPoint] = Field(default_factory=list)
     # Concurrencies whose every step ran out of time before it could resolve (never failures).
     unresolved_concurrency: list[int] = Field(default_factory=list)
     # Concurrencies whose every step was disturbed (replay.step.environment), measured again up to

@@ -317,7 +317,8 @@ def _slo_keys_help() -> str:
 
 def _replay_flags() -> dict[str, str]:
     """[replay] key -> the `planner replay` flag that sets it, read from the code that maps one to
-    the other (planner.commands.replay.settings_from_args: `key=args.dest`)."""
+    the other (planner.commands.replay.settings_from_args: `key=args.dest`, or a key named in
+    `flag_values(args, "key", ...)`, whose flag's dest is the key itself)."""
     from planner.cli import build_parser
     from planner.commands import replay as replay_command
 
@@ -327,6 +328,8 @@ def _replay_flags() -> dict[str, str]:
         for kw in (n for n in ast.walk(tree) if isinstance(n, ast.keyword))
         if kw.arg and isinstance(kw.value, ast.Attribute) and isinstance(kw.value.value, ast.Name) and kw.value.value.id == "args"
     }
+    named = (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "flag_values")
+    dests |= {a.value: a.value for call in named for a in call.args[1:] if isinstance(a, ast.Constant) and isinstance(a.value, str)}
     parser = dict(_subcommands(build_parser()))["replay"]
     by_dest: dict[str, list[str]] = {}
     for action in parser._actions:

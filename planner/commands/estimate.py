@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from planner.cliargs import comma_list, env_default
+from planner.cliargs import comma_list, env_default, flag_values
 from planner.commands import estimate_train
 from planner.estimate.architecture import CACHE_DTYPE_HELP
 from planner.estimate.demand import corpus_prompt_hashes, corpus_request_tokens
@@ -67,26 +67,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def settings_for(args: argparse.Namespace, tp: int) -> EstimateSettings:
     working = build(
         WorkingMemoryModel,
-        dict(reserve_gib=args.reserve_gib, cuda_graphs_gib=args.cuda_graphs_gib, cuda_context_gib=args.cuda_context_gib, nccl_gib=args.nccl_gib),
+        flag_values(args, "reserve_gib", "cuda_graphs_gib", "cuda_context_gib", "nccl_gib"),
         source="planner estimate",
     )
     gib = None if args.gpu_memory_gib is None else float(args.gpu_memory_gib)
     return build(
         EstimateSettings,
-        dict(
+        flag_values(
+            args,
+            "device", "gpu", "gpu_memory_utilization", "max_model_len", "kv_cache_dtype", "block_size",
+            "kv_cache_memory_bytes", "max_num_batched_tokens", "max_num_seqs", "enforce_eager",
             model=str(args.model),
-            device=args.device,
-            gpu=args.gpu,
             gpu_memory_bytes=None if gib is None else int(gib * GIB),
-            gpu_memory_utilization=args.gpu_memory_utilization,
             tensor_parallel_size=tp,
-            max_model_len=args.max_model_len,
-            kv_cache_dtype=args.kv_cache_dtype,
-            block_size=args.block_size,
-            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            enforce_eager=args.enforce_eager,
             working=working,
         ),
         source="planner estimate",

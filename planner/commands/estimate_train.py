@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import get_args
 
-from planner.cliargs import comma_list
+from planner.cliargs import comma_list, flag_values
 from planner.errors import ConfigError
 from planner.estimate.train import DEFAULT_LORA_TARGETS, DEFAULT_SEQ_LEN, TrainEstimate, TrainReserve, TrainSettings, train_estimate
 from planner.estimate.train_activations import Checkpointing
@@ -48,27 +48,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace, tp: int, source: str) -> TrainSettings:
-    reserve = build(
-        TrainReserve, dict(cuda_context_gib=args.cuda_context_gib, nccl_gib=args.nccl_gib, reserve_gib=args.reserve_gib), source=source
-    )
+    reserve = build(TrainReserve, flag_values(args, "cuda_context_gib", "nccl_gib", "reserve_gib"), source=source)
     gib = None if args.gpu_memory_gib is None else float(args.gpu_memory_gib)
     return build(
         TrainSettings,
-        dict(
+        flag_values(
+            args,
+            "gpu", "optimizer", "precision", "micro_batch", "seq_len", "grad_accum", "checkpointing",
+            "checkpoint_every", "lora_rank", "freeze_layers", "strategy",
             model=str(args.model),
-            gpu=args.gpu,
             gpu_memory_bytes=None if gib is None else int(gib * GIB),
-            optimizer=args.optimizer,
-            precision=args.precision,
-            micro_batch=args.micro_batch,
-            seq_len=args.seq_len,
-            grad_accum=args.grad_accum,
-            checkpointing=args.checkpointing,
-            checkpoint_every=args.checkpoint_every,
-            lora_rank=args.lora_rank,
             lora_targets=tuple(args.lora_targets),
-            freeze_layers=args.freeze_layers,
-            strategy=args.strategy,
             data_parallel=args.gpus,
             tensor_parallel_size=tp,
             reserve=reserve,

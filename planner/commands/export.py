@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from planner.cliargs import env_default
+from planner.cliargs import env_default, flag_values, whole_number
 
 _DURATION = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d|w|y)$")
 
@@ -29,14 +29,7 @@ def _duration(text: str) -> str:
     return text
 
 
-def _replicas(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of replicas") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 replicas")
-    return value
+_replicas = whole_number(0, "replicas", "0 replicas")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,11 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_replicas < max(1, args.min_replicas):
         raise ConfigError(f"--max-replicas {args.max_replicas} must be >= 1 and >= --min-replicas {args.min_replicas}")
     options = Options(
-        namespace=args.namespace,
-        min_replicas=args.min_replicas,
-        max_replicas=args.max_replicas,
-        alert_window=args.alert_window,
-        alert_for=args.alert_for,
+        **flag_values(args, "namespace", "min_replicas", "max_replicas", "alert_window", "alert_for"),
         **({"prometheus_url": args.prometheus_url} if args.prometheus_url else {}),
     )
     point = load_point(args.results, point_id=args.point, server_command=args.server_command)

@@ -82,8 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         " to the planner's JSONL: each conversation becomes one messages request ending at its last human turn.",
     )
     cv.add_argument("--from", dest="source", choices=["sharegpt"], required=True, help="input format")
-    cv.add_argument("input", type=Path, metavar="IN", help="ShareGPT JSON or JSONL file")
-    cv.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
+    _in_out(cv, "ShareGPT JSON or JSONL file")
     cv.add_argument(
         "--max-tokens-from-reply",
         action="store_true",
@@ -99,8 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         f" max_tokens the output length and timestamp_s the arrival. Block lengths are in estimated tokens"
         f" ({ESTIMATE_RULE}), so `prompts stats --block-size N` sees exactly the traced sharing.",
     )
-    mc.add_argument("input", type=Path, metavar="IN", help="Mooncake trace JSONL")
-    mc.add_argument("output", type=Path, metavar="OUT", help="planner JSONL to write (replaced atomically)")
+    _in_out(mc, "Mooncake trace JSONL")
     mc.add_argument(
         "--block-size",
         type=positive_int("--block-size"),

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from planner import interrupt, quiet
-from planner.cliargs import add_metrics_args, comma_list, env_default, metrics_exporter
+from planner.cliargs import add_metrics_args, comma_list, env_default, flag_values, metrics_exporter
 from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
 from planner.identity import replay_identity
 from planner.progress import StepProgress
@@ -120,34 +120,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
     return build(
         ReplaySettings,
-        dict(
-            api=args.api,
-            max_tokens=args.max_tokens,
-            ignore_eos=args.ignore_eos,
-            request_timeout_s=args.request_timeout_s,
-            concurrency=args.concurrency,
-            rate=args.rate,
-            trace=args.trace,
+        flag_values(
+            args,
+            "api", "max_tokens", "ignore_eos", "request_timeout_s",
+            "concurrency", "rate", "trace", "seed", "think_time_s", "think_time_distribution",
+            "warmup_requests", "warmup_s", "min_requests", "max_requests", "min_window_s", "max_window_s", "warmup_timeout_s",
+            "find_max", "start_concurrency", "max_concurrency", "saturation_requests", "point_budget_s",
+            "client_ttft_excess_ms", "client_ttft_excess_fraction", "confirm_knee", "allow_interference",
             trace_speed=args.speed,
-            seed=args.seed,
-            think_time_s=args.think_time_s,
-            think_time_distribution=args.think_time_distribution,
-            warmup_requests=args.warmup_requests,
-            warmup_s=args.warmup_s,
-            min_requests=args.min_requests,
-            max_requests=args.max_requests,
-            min_window_s=args.min_window_s,
-            max_window_s=args.max_window_s,
-            warmup_timeout_s=args.warmup_timeout_s,
-            find_max=args.find_max,
-            start_concurrency=args.start_concurrency,
-            max_concurrency=args.max_concurrency,
-            saturation_requests=args.saturation_requests,
-            point_budget_s=args.point_budget_s,
-            client_ttft_excess_ms=args.client_ttft_excess_ms,
-            client_ttft_excess_fraction=args.client_ttft_excess_fraction,
-            confirm_knee=args.confirm_knee,
-            allow_interference=args.allow_interference,
         ),
         source="planner replay",
     )

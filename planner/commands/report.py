@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from planner.cliargs import env_default
+from planner.cliargs import env_default, whole_number
 
 
 def _positive_float(text: str) -> float:
@@ -17,16 +17,6 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of requests per second") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite number of requests per second")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of concurrent requests") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1 concurrent request")
     return value
 
 
@@ -56,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--target-concurrency",
-        type=_positive_int,
+        type=whole_number(1, "concurrent requests", "1 concurrent request"),
         default=env_default("PLANNER_TARGET_CONCURRENCY"),
         metavar="C",
         help="size the fleet for C concurrent requests (env PLANNER_TARGET_CONCURRENCY)",

@@ -19,6 +19,7 @@ from planner.progress import StepProgress
 from planner.report import write_report
 from planner.report.html import HTML_FILE
 from planner.sweep.config import load_settings
+from planner.sweep.dry_run import class_lines
 from planner.sweep.duration import earlier_durations, expected_text, mean_request_tokens
 from planner.sweep.grid import expand
 from planner.sweep.point import log_path, point_server
@@ -46,6 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--output", type=Path, default=Path("results/sweep"), help="results folder (default results/sweep)")
     p.add_argument("--resume", action="store_true", help="reuse finished points whose fingerprint is unchanged")
+    p.add_argument(
+        "--restart", action="store_true",
+        help="start over in a folder that holds results: its sweep.json is moved aside (renamed, not deleted;"
+        " a sweep without --resume does the same)",
+    )  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the expanded grid, each command and its expected duration; start nothing")
     p.add_argument(
         "--request-duration-s", type=float, default=None,
@@ -134,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         predict = predictor(settings)
         window = settings.replay.window(settings.slo.rules())
         mean_tokens = None
+        # Each point's estimate, kept for the classes' block below (planner.sweep.dry_run).
+        predictions: dict = {}
         if args.request_duration_s is not None:
             mean_tokens = mean_request_tokens(load_corpus(settings.prompts).requests, settings.replay.max_tokens or 16)
         for point in points:
@@ -151,13 +159,17 @@ def run(args: argparse.Namespace) -> int:
                 point,
                 earlier=earlier,
                 request_duration_s=args.request_duration_s,
-                prediction=predict(point, []) if args.request_duration_s is not None else None,
+                prediction=predictions.setdefault(point.id, predict(point, [])) if args.request_duration_s is not None else None,
                 mean_request_tokens=mean_tokens,
                 min_requests=window.min_requests,
                 confirm=settings.replay.confirm_knee,
             )
             console.print(f"  {expected}", soft_wrap=True, highlight=False)
+        for line in class_lines(settings, points, predictions, mean_tokens):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
         return 0
+    if args.resume and args.restart:
+        raise ConfigError("--resume and --restart contradict each other: --resume continues the folder's sweep.json, --restart moves it aside and starts over")
     check_baseline(args)
     corpus = load_corpus(settings.prompts)
     pinned = cpus_mod.split(settings.cpus.client)
@@ -179,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
                 corpus,
                 output_dir=args.output,
                 resume=args.resume,
+                restart=args.restart,
                 observers=[o for o in (progress, exporter) if o is not None],
                 predict=predictor(settings),
                 cpus=pinned,

@@ -114,6 +114,14 @@ def capacity_verdict(base: RunPoint, new: RunPoint) -> tuple[Verdict, str]:
     """The knee rule: the new knee interval entirely below the baseline's is a regression,
     entirely above an improvement, overlapping unchanged; unconfirmed or open is inconclusive.
     A point that ran before and does not now (failed, infeasible) regressed."""
+    # [sweep] strategy = "adaptive" settles some points unsearched: such a point is compared only
+    # with one settled the same way ("dominated in both runs"), never with a measured one.
+    unsearched = ("dominated", "predicted")
+    if (base.status in unsearched) != (new.status in unsearched):
+        side, status = ("baseline", base.status) if base.status in unsearched else ("new run", new.status)
+        return "inconclusive", (
+            f"not searched in the {side} ({status} by the adaptive strategy): compared only with a point {status} there too"
+        )
     if base.status == "ok" and new.status != "ok":
         return "regressed", f"ran in the baseline; now {new.status}" + (f" ({new.failure})" if new.failure else "")
     if base.status != "ok" and new.status == "ok":

@@ -66,6 +66,13 @@ def config_label(config: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _search(result: PointResult | ReplayResults) -> dict[str, Any]:
+    """What the search found, named alike in a sweep's point and in a replay, and what bound it
+    with the rules undecided there apart (replay.search.binding.describe)."""
+    found = {name: getattr(result, name) for name in ("confirmed", "knee_interval", "max_passing_concurrency", "steps")}
+    return found | {"bound_by": binding_mod.describe(result.binding_constraint, result.binding_undecided)}
+
+
 def _sweep_point(p: PointResult) -> RunPoint:
     failure = None if p.failure is None else f"{p.failure.kind}: {p.failure.message}"
     return RunPoint(
@@ -75,13 +82,9 @@ def _sweep_point(p: PointResult) -> RunPoint:
         status=p.status,
         gpus=max(1, p.gpus),
         searched=True,
-        confirmed=p.confirmed,
-        knee_interval=p.knee_interval,
-        max_passing_concurrency=p.max_passing_concurrency,
         safe_concurrency=p.safe_concurrency,
-        steps=p.steps,
         failure=failure,
-        bound_by=binding_mod.describe(p.binding_constraint, p.binding_undecided),
+        **_search(p),
     )
 
 
@@ -109,12 +112,8 @@ def _from_replay(path: Path, replay: ReplayResults) -> Run:
         status="ok",
         gpus=1,
         searched=replay.find_max,
-        confirmed=replay.confirmed,
-        knee_interval=replay.knee_interval,
-        max_passing_concurrency=replay.max_passing_concurrency,
-        bound_by=binding_mod.describe(replay.binding_constraint, replay.binding_undecided),
         safe_concurrency=None,
-        steps=replay.steps,
+        **_search(replay),
     )
     return Run(path, "replay", identity, replay.identity is not None, dict(replay.slo), [point])
 

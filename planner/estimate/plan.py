@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -62,6 +62,12 @@ class EstimateSettings(BaseModel):
 class _Section(BaseModel):
     # strict: a figure of the wrong type is a bug here, not something to coerce on the way out.
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @classmethod
+    def copied(cls, source: object, **others: Any) -> Self:
+        """The section with each field not in `others` read from `source`'s attribute of that name:
+        for a computed figure (the pool, the weights, the layout) that keeps its own names here."""
+        return cls(**{name: getattr(source, name) for name in cls.model_fields if name not in others}, **others)
 
 
 class ModelFacts(_Section):
@@ -229,13 +235,10 @@ def _budget_facts(budget: Budget, pool: Pool) -> BudgetFacts:
 
 
 def _layout_facts(layout: PoolLayout) -> LayoutFacts:
-    return LayoutFacts(
-        block_size=layout.block_size,
-        bytes_per_block=layout.bytes_per_block,
+    return LayoutFacts.copied(
+        layout,
         groups=[g.kind if g.sliding_window is None else f"sliding({g.sliding_window})" for g in layout.groups],
         layers_per_group=layout.group_size,
-        padding_layers=layout.padding_layers,
-        in_flight_tokens=layout.in_flight_tokens,
     )
 
 
@@ -363,30 +366,17 @@ def estimate(
             enforce_eager=settings.enforce_eager,
             working_memory_model=settings.working,
         ),
-        weights=WeightsFacts(
-            source=weights.source,
+        weights=WeightsFacts.copied(
+            weights,
             exact=weights.source == "safetensors",
             lower_bound=True,
-            total_bytes=weights.total_bytes,
-            per_gpu_bytes=weights.per_gpu_bytes,
-            tensors=weights.tensors,
-            files=weights.files,
-            parameters=weights.parameters,
             read_from=checkpoint.read_from if checkpoint is not None else "config.json",
         ),
         kv_bytes_per_token=arch.kv_bytes_per_token(tp, settings.kv_cache_dtype),
         kv_bytes_per_token_per_layer=arch.kv_bytes_per_token_per_layer(tp, settings.kv_cache_dtype),
         layout=_layout_facts(layout),
         budget=_budget_facts(budget, pool) if budget is not None else None,
-        kv_pool=PoolFacts(
-            bytes=pool.bytes,
-            num_blocks=pool.num_blocks,
-            usable_blocks=pool.usable_blocks,
-            block_size=pool.block_size,
-            blocks_per_request=pool.blocks_per_request,
-            usable_tokens=pool.usable_tokens,
-            max_concurrency=round(pool.max_concurrency, 4),
-        ) if available is not None else None,
+        kv_pool=PoolFacts.copied(pool, max_concurrency=round(pool.max_concurrency, 4)) if available is not None else None,
         kv_cache_tokens=pool.kv_cache_tokens if available is not None else None,
         max_concurrency=round(pool.max_concurrency, 4) if available is not None else None,
         corpus=corpus,

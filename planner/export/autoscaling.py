@@ -16,7 +16,7 @@ is a guess; this one is the measurement.
 from __future__ import annotations
 
 from planner.export import yamltext
-from planner.export.kubernetes import labels
+from planner.export.kubernetes import deployment_ref, manifest
 from planner.export.provenance import MeasuredPoint, Options, commented, header_lines
 
 KEDA_VERSION = "2.16"
@@ -34,17 +34,13 @@ def in_flight_query(point: MeasuredPoint) -> str:
 
 
 def scaled_object(point: MeasuredPoint, options: Options) -> dict:
-    return {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "ScaledObject",
-        "metadata": {"name": point.app_name, "namespace": options.namespace, "labels": labels(point)},
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": point.app_name},
-            "minReplicaCount": options.min_replicas,
-            "maxReplicaCount": options.max_replicas,
-            "triggers": [trigger(point, options)],
-        },
+    spec = {
+        "scaleTargetRef": deployment_ref(point),
+        "minReplicaCount": options.min_replicas,
+        "maxReplicaCount": options.max_replicas,
+        "triggers": [trigger(point, options)],
     }
+    return manifest("keda.sh/v1alpha1", "ScaledObject", point, options, spec)
 
 
 def trigger(point: MeasuredPoint, options: Options) -> dict:
@@ -62,25 +58,14 @@ def trigger(point: MeasuredPoint, options: Options) -> dict:
 
 
 def hpa(point: MeasuredPoint, options: Options) -> dict:
-    return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": point.app_name, "namespace": options.namespace, "labels": labels(point)},
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": point.app_name},
-            "minReplicas": options.min_replicas,
-            "maxReplicas": options.max_replicas,
-            "metrics": [
-                {
-                    "type": "Pods",
-                    "pods": {
-                        "metric": {"name": POD_METRIC},
-                        "target": {"type": "AverageValue", "averageValue": str(point.safe_concurrency.value)},
-                    },
-                }
-            ],
-        },
+    target = {"type": "AverageValue", "averageValue": str(point.safe_concurrency.value)}
+    spec = {
+        "scaleTargetRef": deployment_ref(point),
+        "minReplicas": options.min_replicas,
+        "maxReplicas": options.max_replicas,
+        "metrics": [{"type": "Pods", "pods": {"metric": {"name": POD_METRIC}, "target": target}}],
     }
+    return manifest("autoscaling/v2", "HorizontalPodAutoscaler", point, options, spec)
 
 
 def adapter_rule(point: MeasuredPoint) -> list[str]:

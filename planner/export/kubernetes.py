@@ -26,6 +26,22 @@ def labels(point: MeasuredPoint) -> dict[str, str]:
     return {"app.kubernetes.io/name": point.app_name, "app.kubernetes.io/component": "vllm"}
 
 
+def manifest(api_version: str, kind: str, point: MeasuredPoint, options: Options, spec: dict, **metadata: object) -> dict:
+    """A Kubernetes object of the point's app: named after it, in the namespace, with its labels
+    (and any further `metadata`, such as annotations), then `spec`."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": point.app_name, "namespace": options.namespace, "labels": labels(point), **metadata},
+        "spec": spec,
+    }
+
+
+def deployment_ref(point: MeasuredPoint) -> dict:
+    """The point's Deployment, as an autoscaler's scaleTargetRef names it."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": point.app_name}
+
+
 def annotations(point: MeasuredPoint) -> dict[str, str]:
     return {
         "planner/results": str(point.results_path),
@@ -83,38 +99,25 @@ def deployment(point: MeasuredPoint, options: Options) -> dict:
     affinity = _affinity(point)
     if affinity is not None:
         pod["affinity"] = affinity
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": point.app_name, "namespace": options.namespace, "labels": labels(point),
-                     "annotations": annotations(point)},
-        "spec": {
-            "replicas": options.min_replicas,
-            "selector": {"matchLabels": labels(point)},
-            "template": {"metadata": {"labels": labels(point), "annotations": annotations(point)}, "spec": pod},
-        },
+    spec = {
+        "replicas": options.min_replicas,
+        "selector": {"matchLabels": labels(point)},
+        "template": {"metadata": {"labels": labels(point), "annotations": annotations(point)}, "spec": pod},
     }
+    return manifest("apps/v1", "Deployment", point, options, spec, annotations=annotations(point))
 
 
 def service(point: MeasuredPoint, options: Options) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": point.app_name, "namespace": options.namespace, "labels": labels(point)},
-        "spec": {"selector": labels(point), "ports": [{"name": PORT_NAME, "port": SERVE_PORT, "targetPort": PORT_NAME}]},
-    }
+    ports = [{"name": PORT_NAME, "port": SERVE_PORT, "targetPort": PORT_NAME}]
+    return manifest("v1", "Service", point, options, {"selector": labels(point), "ports": ports})
 
 
 def service_monitor(point: MeasuredPoint, options: Options) -> dict:
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": {"name": point.app_name, "namespace": options.namespace, "labels": labels(point)},
-        "spec": {
-            "selector": {"matchLabels": labels(point)},
-            "endpoints": [{"port": PORT_NAME, "path": "/metrics", "interval": SCRAPE_INTERVAL}],
-        },
+    spec = {
+        "selector": {"matchLabels": labels(point)},
+        "endpoints": [{"port": PORT_NAME, "path": "/metrics", "interval": SCRAPE_INTERVAL}],
     }
+    return manifest("monitoring.coreos.com/v1", "ServiceMonitor", point, options, spec)
 
 
 def documents(point: MeasuredPoint, options: Options) -> list[dict]:

@@ -94,6 +94,7 @@ SECTION_TITLES = {
     "points": "Every point",
     "gpu_models": "By GPU model",
     "nodes": "Across nodes",
+    "answers": "How points were answered",
     "failures": "Failures",
     "measured_vs_estimated": "Measured vs estimated",
     "steps": "Steps",

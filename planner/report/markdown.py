@@ -11,6 +11,7 @@ from planner.report.suggestions import suggest
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import ServerLatency, StepResult
 from replay.search import binding as binding_mod
+from replay.search import pass_fit
 from replay.slo import rules as slo_mod
 from replay.slo.exceedance import exceedance_text
 
@@ -78,13 +79,22 @@ def _recommendation(data: ReportData) -> list[str]:
                 f"- Throughput at that concurrency: **{num(step.output_tokens_per_s)} output tokens/s**, "
                 f"{num(step.requests_per_s, 2)} requests/s"
             )
+    fitted = pass_fit.fit(best.steps)
     if best.knee_interval is not None:
         lo, hi = best.knee_interval
+        # A load that failed and also passed is not a clean fail: say so (replay.search.pass_fit).
+        passed_too = next((p for p in fitted.points if p.concurrency == hi and p.passes), None)
+        also = f", though it also passed {passed_too.passes} of {passed_too.steps}" if passed_too else ""
         out.append(
-            f"- Knee: between {num(lo)} (highest conclusive pass) and {num(hi)} (lowest conclusive fail); "
+            f"- Knee: between {num(lo)} (highest conclusive pass) and {num(hi)} (lowest conclusive fail{also}); "
             + ("the highest pass was **confirmed** by a repeat on fresh prompts"
                if best.confirmed else "the highest pass was **not confirmed** by a repeat")
         )
+    band = pass_fit.describe(fitted)
+    if band is not None:
+        out.append(f"- From every step: {band}")
+    for line in pass_fit.little_margin(best.steps, data.slo or {}):
+        out.append(f"- {line}")
     inconclusive = [s for s in best.steps if s.slo_verdict == "inconclusive"]
     if inconclusive:
         loads = ", ".join(num(s.load.value) for s in inconclusive)
@@ -245,7 +255,8 @@ def _nodes_section(data: ReportData) -> list[str]:
 
 
 def _failures_section(data: ReportData) -> list[str]:
-    failed = [p for p in data.points if p.status != "ok" or p.failure is not None]
+    # Points the adaptive strategy settled unsearched did not fail: "answers" accounts for them.
+    failed = [p for p in data.points if p.status not in ("ok", "dominated", "predicted") or p.failure is not None]
     if not failed:
         return []
     rows = []
@@ -528,7 +539,8 @@ def sections(data: ReportData, plan: FleetPlan | None) -> list[tuple[str, list[s
     parts.append(("cost", cost_section(data, plan)))
     if data.kind == "sweep":
         parts += [("points", _points_section(data)), ("gpu_models", _gpu_models_section(data)),
-                  ("nodes", _nodes_section(data)), ("failures", _failures_section(data))]
+                  ("nodes", _nodes_section(data)), ("answers", list(data.answers)),
+                  ("failures", _failures_section(data))]
     parts += [("measured_vs_estimated", _measured_vs_estimated(data)), ("steps", _steps_section(data)),
               ("sessions", _sessions_section(data)), ("server", _server_section(data)),
               ("environment", environment.section([(p.id, p.steps) for p in data.points], table))]

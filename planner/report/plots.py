@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
+from planner.report.law_plots import law_plot, law_plot_name
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import StepResult
 
@@ -107,41 +108,25 @@ def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, s
             ax.axhline(bound, color=SLO_COLOR, linestyle=":", linewidth=1.5, label=f"SLO {stat} {bound:g} ms")
     # A failed step is marked on the curve of the SLO it broke; one that broke only other SLOs
     # (the other panel's, errors, preemptions) is marked in grey on the last curve.
-    here_x, here_y, other_x, other_y = [], [], [], []
-    unsure_x, unsure_y = [], []
-    timeless_x, timeless_y = [], []
+    marks: dict[str, tuple[list, list]] = {kind: ([], []) for kind in ("broke", "other", "inconclusive", "unresolved")}
     for s in p.steps:
         if s.slo_pass:
             continue
-        if s.slo_verdict == "unresolved":
-            y = getattr(getattr(s, f"{metric}_ms"), stats[-1])
-            if y is not None:
-                timeless_x.append(s.load.value)
-                timeless_y.append(y)
-            continue
-        if s.slo_verdict == "inconclusive":
-            y = getattr(getattr(s, f"{metric}_ms"), stats[-1])
-            if y is not None:
-                unsure_x.append(s.load.value)
-                unsure_y.append(y)
-            continue
-        broken = [v for v in s.slo_violations if v.startswith(f"{metric}_") and v.split("_")[1] in stats]
-        stat = broken[0].split("_")[1] if broken else stats[-1]
-        y = getattr(getattr(s, f"{metric}_ms"), stat)
-        if y is None:
-            continue
-        (here_x if broken else other_x).append(s.load.value)
-        (here_y if broken else other_y).append(y)
-    if here_x:
-        ax.scatter(here_x, here_y, marker="x", s=70, color=FAIL_COLOR, zorder=5, label=f"step broke {'an' if metric in ('itl', 'e2e') else 'a'} {metric.upper()} SLO")
-    if other_x:
-        ax.scatter(other_x, other_y, marker="x", s=50, color="#888888", zorder=5, label="step broke another SLO")
-    if unsure_x:
-        ax.scatter(unsure_x, unsure_y, marker="D", s=60, facecolors="none", edgecolors=INCONCLUSIVE_COLOR,
-                   linewidths=1.5, zorder=5, label="step inconclusive (counted as a failure)")
-    if timeless_x:
-        ax.scatter(timeless_x, timeless_y, marker="o", s=60, facecolors="none", edgecolors="#888888",
-                   linewidths=1.5, zorder=5, label="step unresolved (out of time; not a failure)")
+        kind, y = _failed_mark(s, metric, stats)
+        if y is not None:
+            marks[kind][0].append(s.load.value)
+            marks[kind][1].append(y)
+    styles = {
+        "broke": dict(marker="x", s=70, color=FAIL_COLOR, label=f"step broke {'an' if metric in ('itl', 'e2e') else 'a'} {metric.upper()} SLO"),
+        "other": dict(marker="x", s=50, color="#888888", label="step broke another SLO"),
+        "inconclusive": dict(marker="D", s=60, facecolors="none", edgecolors=INCONCLUSIVE_COLOR, linewidths=1.5,
+                             label="step inconclusive (counted as a failure)"),
+        "unresolved": dict(marker="o", s=60, facecolors="none", edgecolors="#888888", linewidths=1.5,
+                           label="step unresolved (out of time; not a failure)"),
+    }
+    for kind, (xs, ys) in marks.items():
+        if xs:
+            ax.scatter(xs, ys, zorder=5, **styles[kind])
     _mark_safe(ax, p)
     _, all_y = _values(p.steps, lambda s: getattr(getattr(s, f"{metric}_ms"), stats[-1]))
     if len(all_y) and all_y.min() > 0 and all_y.max() / all_y.min() > 30:
@@ -149,6 +134,17 @@ def _latency_panel(ax: Axes, p: PointView, slo: dict[str, float], metric: str, s
     _load_axis(ax, [s.load.value for s in p.steps], p.load_mode)
     _style(ax, PANEL_TITLES[metric], LOAD_AXIS_LABELS[p.load_mode], f"{metric.upper()} (ms)")
     ax.legend(fontsize=8, loc="upper left")
+
+
+def _failed_mark(s: StepResult, metric: str, stats: Sequence[str]) -> tuple[str, float | None]:
+    """How a failed step is marked on `metric`'s panel, and at which figure: inconclusive and
+    unresolved steps on the last curve; one that broke this panel's SLO on the curve it broke;
+    any other on the last curve, as "other"."""
+    if s.slo_verdict in ("unresolved", "inconclusive"):
+        return s.slo_verdict, getattr(getattr(s, f"{metric}_ms"), stats[-1])
+    broken = [v for v in s.slo_violations if v.startswith(f"{metric}_") and v.split("_")[1] in stats]
+    stat = broken[0].split("_")[1] if broken else stats[-1]
+    return ("broke" if broken else "other"), getattr(getattr(s, f"{metric}_ms"), stat)
 
 
 def _error_bars(ax: Axes, steps: Sequence[StepResult], metric: str, stat: str, color) -> None:
@@ -428,5 +424,9 @@ def write_plots(data: ReportData, out_dir: Path) -> list[Path]:
         for plot in (heatmap_plot(data.points, out_dir / "safe-concurrency-heatmap.png", data.best_id),
                      kv_tokens_plot(data.points, out_dir / "kv-tokens.png")):
             if plot is not None:
+                paths.append(plot)
+        # [sweep] strategy = "adaptive": each speed class's law (planner.report.law_plots).
+        for info in data.speed_classes:
+            if (plot := law_plot(info, data.predictions, out_dir / law_plot_name(info.id))) is not None:
                 paths.append(plot)
     return paths

@@ -29,9 +29,29 @@ SUGGESTIONS: dict[str, str] = {
     "bad_flag": "a flag is not accepted by this vLLM version; check the log tail and `vllm serve --help`",
     "timeout": "the server was not ready in time; raise the start-up timeout or check the log for a stall",
     "crashed": "the server exited during start-up; the log tail holds the cause",
+    "port_taken": (
+        "another process took the server's port before it could bind it, on every try; leave [server] port"
+        " unset (a free one is chosen per start) or free the port, then --resume"
+    ),
     "server_died": (
         "the server died or stopped answering during the replay; check the log, and lower the "
         "concurrency ceiling or --gpu-memory-utilization"
+    ),
+    "server_oom_killed": (
+        "the kernel's OOM killer ended the server (host memory, not GPU memory); give the server more memory"
+        " (its container's limit, fewer points at once) or lower --max-num-seqs / --swap-space / --cpu-offload-gb"
+    ),
+    "server_hung": (
+        "the server stopped answering while its process ran (stopped, or a stuck API server); the message says"
+        " what was seen; check the log and the machine (a debugger, a SIGSTOP, a stuck driver), then --resume"
+    ),
+    "stream_stalled": (
+        "the server answered /health but its streams stopped sending (a stuck engine); check the log's last"
+        " lines for the engine's state, then --resume"
+    ),
+    "metrics_lost": (
+        "the server's /metrics stopped giving vLLM metrics mid-point and an SLO needs them; check what answers"
+        " /metrics (a proxy, --disable-log-stats), or drop the server-side SLO, then --resume"
     ),
     "replay_error": "the replay could not use the server (see the message); fix that and rerun the point",
     "interrupted": "the sweep stopped during this point; rerun the sweep to measure it",

@@ -9,6 +9,7 @@ from typing import Any
 from planner.report import environment
 from planner.report.view import PointView, ReportData
 from replay.results import StepResult
+from replay.search import pass_fit
 
 STEP_COLUMNS = (
     "load_mode", "load_value", "requests_ok", "requests_failed", "requests_per_s", "output_tokens_per_s",
@@ -29,6 +30,9 @@ POINT_COLUMNS = (
     "point_id", "status", "failure_kind", "gpus", "kv_cache_tokens", "max_passing_concurrency",
     "safe_concurrency", "safe_concurrency_per_gpu", "confirmed", "knee_pass", "knee_fail",
     "binding_constraint", "binding_undecided",
+    # The knee read from every step (replay.search.pass_fit): pass probability >= 0.9, the band of
+    # disagreeing loads, and the loads that both passed and failed (space-separated).
+    "knee_fit", "knee_band_lo", "knee_band_hi", "contested_concurrency",
 )
 
 
@@ -97,6 +101,7 @@ def _side(ci95: dict | None, stat: str, side: int) -> float | None:
 
 
 def _point_fields(p: PointView) -> dict[str, Any]:
+    fitted = pass_fit.fit(p.steps)
     return {
         "point_id": p.id,
         "status": p.status,
@@ -111,6 +116,10 @@ def _point_fields(p: PointView) -> dict[str, Any]:
         "knee_fail": p.knee_interval[1] if p.knee_interval else None,
         "binding_constraint": p.binding_constraint,
         "binding_undecided": ";".join(p.binding_undecided) or None,
+        "knee_fit": fitted.knee_fit,
+        "knee_band_lo": fitted.knee_band[0],
+        "knee_band_hi": fitted.knee_band[1],
+        "contested_concurrency": " ".join(map(str, fitted.contested)) or None,
     }
 
 

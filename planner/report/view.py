@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from planner.capacity import Capacity, Failure
 from planner.cost import Prices
+from planner.report.answers import answers_section
 from planner.sweep import fresh
-from planner.sweep.results import NodeRank, PointResult, SweepResults
+from planner.sweep.results import KneePrediction, NodeRank, PointResult, SpeedClassInfo, SweepResults
 from replay.results import ReplayResults, StepResult
 from replay.search import binding as binding_mod
 from replay.search.policy import bracket
@@ -109,6 +110,11 @@ class ReportData:
     headroom_setting: float | None = None
     # The recommended point measured again on a fresh server (planner.sweep.fresh), in one line.
     fresh_server: str | None = None
+    # The adaptive strategy's account (planner.report.answers), as markdown lines; empty otherwise.
+    answers: tuple[str, ...] = ()
+    # Its speed classes (each law plotted, planner.report.law_plots) and every prediction, by point.
+    speed_classes: tuple[SpeedClassInfo, ...] = ()
+    predictions: tuple[tuple[str, KneePrediction], ...] = ()
     # GPU prices from --gpu-hour-price and the sweep's [cost] gpu_hour (planner.cost); none by default.
     prices: Prices = field(default_factory=Prices)
 
@@ -177,6 +183,9 @@ def from_sweep(source: Path, sweep: SweepResults) -> ReportData:
         started_at=sweep.started_at,
         headroom_setting=sweep.settings.slo.headroom,
         fresh_server=fresh.summary(sweep.fresh_server) if sweep.fresh_server is not None else None,
+        answers=tuple(answers_section(sweep)),
+        speed_classes=tuple(c for c in sweep.speed_classes if c.law is not None),
+        predictions=tuple((p.id, p.knee_prediction) for p in sweep.points if p.knee_prediction is not None),
     )
 
 

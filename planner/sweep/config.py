@@ -237,10 +237,42 @@ class CpusSection(_Strict):
     client: int = Field(default=0, ge=0)
 
 
-class SweepSection(_Strict):
+# The flags that change only memory by default (planner.sweep.classes says why).
+DEFAULT_MEMORY_ONLY_FLAGS = (
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "max_model_len",
+    "num_gpu_blocks_override",
+    "max_num_seqs",
+)
+
+
+# [sweep]: how the grid is searched (issue 28). "exhaustive" searches every point in full; "adaptive"
+# orders points by their bound, skips those that cannot win and predicts a speed class's other
+# points from one full search, verifying each prediction it acts on (docs/guides/adaptive-sweep.md).
+# Then the recommended point is confirmed on a fresh server (issue 29, planner.sweep.fresh).
+class StrategySection(_Strict):
+    # "exhaustive": every point searched in full, in grid order; "adaptive": see docs/guides/adaptive-sweep.md.
+    strategy: Literal["exhaustive", "adaptive"] = "exhaustive"
+    # Flags that change only memory, never a step's speed: points that differ only in them share a
+    # speed class (planner.sweep.classes). Underscore or dash form.
+    memory_only_flags: list[str] = Field(default_factory=lambda: list(DEFAULT_MEMORY_ONLY_FLAGS))
     # Measure the recommended point's safe concurrency once more on a freshly started server
     # (planner.sweep.fresh); the results say whether it held.
     confirm_fresh_server: bool = True
+
+    @field_validator("memory_only_flags")
+    @classmethod
+    def _flag_names(cls, flags: list[str]) -> list[str]:
+        out = []
+        for flag in flags:
+            key = config_key(flag)
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
+                raise ValueError(f"{flag!r} is not a vLLM flag name (write it as max_num_seqs or --max-num-seqs)")
+            if key in ("tensor_parallel_size", "pipeline_parallel_size", "nnodes"):
+                raise ValueError(f"{key} decides how many GPUs run a step, so it changes a step's speed; it cannot be memory-only")
+            out.append(key)
+        return out
 
 
 class CostSection(_Strict):
@@ -278,8 +310,9 @@ class SweepSettings(BaseSettings):
     executor: ExecutorSection = Field(default_factory=ExecutorSection)
     # CPU pinning for CPU servers (vLLM's CPU build).
     cpus: CpusSection = Field(default_factory=CpusSection)
-    # The sweep's own steps after the grid: the fresh-server confirmation.
-    sweep: SweepSection = Field(default_factory=SweepSection)
+    # How the grid is searched: every point in full, or adaptively ([sweep] strategy); and the
+    # fresh-server confirmation of the recommended point ([sweep] confirm_fresh_server).
+    sweep: StrategySection = Field(default_factory=StrategySection)
     # What a GPU hour costs, by GPU type ([cost] gpu_hour): the report's and the table's prices.
     cost: CostSection = Field(default_factory=CostSection)
     # The prompt corpus (JSONL). Paths starting with ./ or ../ are relative to the config file, others

@@ -12,7 +12,8 @@ from planner.capacity import Failure
 from planner.sweep.results import INFEASIBLE_KINDS, Best, PointResult, PointStatus
 from replay.results import StepResult
 from replay.search import binding as binding_mod
-from replay.search.verdicts import knee
+from replay.search.pass_fit import DEFAULT_LEVEL
+from replay.search.verdicts import knee, knee_fields
 
 UPPER_BOUND_CONSTRAINT = "kv_capacity_bound"
 
@@ -36,6 +37,7 @@ def conclude(
     gpus: int,
     headroom: float,
     gpu_totals_mib: dict[str, float],
+    knee_level: float = DEFAULT_LEVEL,
 ) -> None:
     """Fill in a point whose search ended: lo passed, hi failed (None: none did), `upper` was the
     search's ceiling, set by `limit`; the point holds `gpus` GPUs. The GPU memory headroom is each sampled GPU's total
@@ -47,6 +49,8 @@ def conclude(
     bound_by = binding_mod.binding(r.steps, hi, limit if hi is None and lo == upper else None)
     r.binding_constraint, r.binding_undecided = bound_by.constraint, bound_by.undecided
     r.confirmed, r.knee_interval = knee(r.steps)
+    for name, value in knee_fields(r.steps, knee_level).items():
+        setattr(r, name, value)
     r.safe_concurrency = safe_concurrency(lo, headroom)
     r.gpus = gpus
     if r.safe_concurrency is not None:
@@ -60,6 +64,25 @@ def conclude(
     if peaks:
         r.gpu_memory_peak_mib = peaks
         r.gpu_memory_headroom_mib = {g: gpu_totals_mib[g] - v for g, v in peaks.items() if g in gpu_totals_mib}
+
+
+def metrics_lost(steps: list[StepResult]) -> tuple[str, list[str]] | None:
+    """When the server's /metrics went away (or turned to garbage) after a step had read it: a note
+    saying from which step on and why, and the SLOs that could not be checked without it (empty when
+    the SLOs need no server metric: then the point's verdict stands). None when nothing was lost."""
+    seen = next((i for i, s in enumerate(steps) if s.server.metrics_available), None)
+    if seen is None:
+        return None
+    lost = [s for s in steps[seen + 1 :] if not s.server.metrics_available]
+    if not lost:
+        return None
+    first = lost[0]
+    unchecked = sorted({key for s in lost for key in s.slo_unverified})
+    note = (
+        f"metrics_lost: /metrics gave no vLLM metrics at {len(lost)} of {len(steps)} steps, from the step at"
+        f" {first.load.mode} {first.load.value:g} on ({first.server.metrics_note or 'no note'}); their server-side figures are unknown"
+    )
+    return note, unchecked
 
 
 def safe_concurrency(max_passing: int | None, headroom: float) -> int | None:
@@ -101,7 +124,9 @@ def choose_best(points: list[PointResult]) -> Best | None:
     for p in points:
         if p is best:
             continue
-        if p.status != "ok":
+        if p.status in ("dominated", "predicted") and p.answer_note:
+            others[p.id] = p.answer_note[:300]  # [sweep] strategy = "adaptive": not searched, and why
+        elif p.status != "ok":
             kind = p.failure.kind if p.failure else p.status
             detail = f" ({p.failure.message})" if p.failure and p.failure.message else ""
             others[p.id] = f"{p.status}: {kind}{detail}"[:300]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 import traceback
 from collections.abc import Callable, Coroutine
@@ -31,6 +33,19 @@ from planner.errors import ServerStartFailed
 from planner.estimate import kv_tokens_relative_error
 from planner.gpu_health import GpuHealthSampler
 from planner.launcher import VllmServer
+from planner.sweep.adaptive_point import planned_search, settled_by_bound
+from planner.sweep.config import SweepSettings
+from planner.sweep.grid import Point
+from planner.sweep.liveness import Liveness
+from planner.sweep.observer import SweepObserver, SweepObservers
+from planner.sweep.oom import death, oom_kills
+from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, conclude, ended_status, interrupted, metrics_lost
+from planner.sweep.results import PointResult
+from planner.vllm_args import has_flag
+from planner.vllm_log import log_tail
+from replay.client.streaming import METRICS_CONNECTIONS, StreamingClient
+from replay.corpus.jsonl import Corpus
+from replay.errors import ReplayError, ServerError, StepAborted
 from replay.prefix.bound import (
     VLLM_DEFAULT_MAX_TOKENS,
     concurrency_upper_bound,
@@ -38,16 +53,6 @@ from replay.prefix.bound import (
     prefix_aware_bound,
     request_blocks,
 )
-from planner.sweep.config import SweepSettings
-from planner.sweep.grid import Point
-from planner.sweep.observer import SweepObserver, SweepObservers
-from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, conclude, ended_status, interrupted
-from planner.sweep.results import PointResult
-from planner.vllm_args import has_flag
-from planner.vllm_log import log_tail
-from replay.client.streaming import METRICS_CONNECTIONS, StreamingClient
-from replay.corpus.jsonl import Corpus
-from replay.errors import ReplayError, ServerError, StepAborted
 from replay.prefix.tokens import TOKENIZE_WORKERS, prompt_blocks, token_counts
 from replay.results import StepResult
 from replay.run.runner import Replay, SearchOutcome
@@ -59,6 +64,9 @@ from replay.step.observer import Observers
 
 # Saves the point's result where its sweep keeps it (sweep.json, or the driver across Ray).
 Save = Callable[[], None]
+
+# Starts of a point's server when the port chosen for it is taken before the server binds it.
+PORT_ATTEMPTS = 3
 
 
 @dataclass
@@ -167,6 +175,8 @@ class PointRunner:
         self.result = result
         self.gpu_ids = gpu_ids
         self.save = save
+        # The cgroup's OOM kills when the point began (planner.sweep.oom): a rise names the killer.
+        self.oom_kills_at_start: int | None = None
 
     def _on_step(self, step: StepResult) -> None:
         self.result.steps.append(step)
@@ -189,14 +199,31 @@ class PointRunner:
         r.log_path = str(log_path(self.point.id))
         start = time.perf_counter()
         r.status = "running"
+        self.oom_kills_at_start = oom_kills()
         self.save()
+        # A port the launcher chose can be taken by another process before the server binds it:
+        # the server is started again on a port chosen afresh (not when [server] port fixes it).
+        attempts = 1 if self.ctx.settings.server.port else PORT_ATTEMPTS
         try:
-            async with server:
-                r.capacity = server.capacity
-                r.startup_s = None if server.startup_s is None else round(server.startup_s, 1)
-                r.vllm_version = server.vllm_version
-                r.command = server.command_for_record
-                await self._measure(server)
+            for attempt in range(attempts):
+                if attempt:
+                    server = self._server()
+                    r.command = server.command_for_record
+                try:
+                    async with server:
+                        r.capacity = server.capacity
+                        r.startup_s = None if server.startup_s is None else round(server.startup_s, 1)
+                        r.vllm_version = server.vllm_version
+                        r.command = server.command_for_record
+                        await self._measure(server)
+                    break
+                except ServerStartFailed as exc:
+                    if exc.failure.kind != "port_taken" or attempt + 1 == attempts:
+                        raise
+                    r.notes.append(
+                        f"port_taken: another process held port {server.port} when the server bound it; started"
+                        " again on another port"
+                    )
         except ServerStartFailed as exc:
             r.status = ended_status(exc.failure)
             r.failure = exc.failure
@@ -297,13 +324,47 @@ class PointRunner:
         (the cheapest step to measure; the search narrows down from there, replay.search.policy), or
         [replay] start_concurrency when given."""
         start = self.ctx.settings.replay.start_concurrency
-        return replay.search(start=upper if start is None else min(start, upper), upper=upper)
+        first = upper if start is None else min(start, upper)
+        if self.result.plan is not None:
+            # [sweep] strategy = "adaptive": verify the class's prediction, or search (planner.sweep.adaptive_point).
+            replay_settings = self.ctx.settings.replay
+            return planned_search(
+                replay, self.result, start=first, upper=upper,
+                precision=replay_settings.precision, confirm=replay_settings.confirm_knee,
+            )
+        return replay.search(start=first, upper=upper)
 
     async def _measure(self, server: VllmServer) -> None:
+        """The search bound and the search, with a watch on the server beside them: a server that
+        hangs or whose streams stall ends the point (planner.sweep.liveness), as one that dies does."""
+        liveness = Liveness(server, request_timeout_s=self.ctx.settings.replay.request_timeout_s)
+        watch = asyncio.create_task(liveness.watch())
+        try:
+            await self._measure_watched(server, liveness, watch)
+        finally:
+            if not watch.done():
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+
+    async def _measure_watched(self, server: VllmServer, liveness: Liveness, watch: asyncio.Task) -> None:
         ctx, r, settings = self.ctx, self.result, self.ctx.settings
-        upper, limit = await self._search_bound(server)
+        bound = asyncio.create_task(self._search_bound(server))
+        try:
+            await asyncio.wait({bound, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not bound.done():
+                bound.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await bound
+        if bound.cancelled():
+            self._server_hung(server, watch.result())
+            return
+        upper, limit = bound.result()
         r.search_upper_bound = upper
         self.save()
+        if upper is not None and settled_by_bound(r, upper, gpus=self.point.gpus, headroom=settings.slo.headroom):
+            return  # [sweep] strategy = "adaptive": this point cannot win (planner.sweep.adaptive_point)
         if upper is None:
             r.status = "failed"
             r.failure = Failure(
@@ -339,7 +400,7 @@ class PointRunner:
                 ctx.corpus,
                 settings.replay,
                 settings.slo.rules(),
-                observer=Observers(*ctx.observers),
+                observer=Observers(*ctx.observers, liveness),
                 on_step=self._on_step,
                 step_monitor=monitor,
                 probes=probes,
@@ -348,13 +409,15 @@ class PointRunner:
             died = asyncio.create_task(server.wait_exit())
             server_died = False
             try:
-                await asyncio.wait({search, died}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({search, died, watch}, return_when=asyncio.FIRST_COMPLETED)
                 server_died = died.done()
                 if server_died:
                     # Let the step in flight wind down on its own; its requests fail fast now.
                     replay.abort.set()
                     with contextlib.suppress(StepAborted):
                         await search
+                # A hung server's requests would wait out their timeouts: the step in flight is
+                # dropped at once (cancelled below), as a dead server's is.
             finally:
                 for task in (search, died):
                     if not task.done():
@@ -363,6 +426,9 @@ class PointRunner:
                             await task
             if server_died or not server.alive():
                 self._server_died(server)
+                return
+            if search.cancelled():
+                self._server_hung(server, watch.result())
                 return
             outcome = search.result()
         r.unresolved_concurrency = outcome.unresolved
@@ -378,14 +444,30 @@ class PointRunner:
             gpus=self.point.gpus,
             headroom=settings.slo.headroom,
             gpu_totals_mib={g.index: g.memory_total_mib for g in ctx.gpu_inventory},
+            knee_level=settings.replay.knee_pass_probability,
         )
+        if (lost := metrics_lost(r.steps)) is not None:
+            note, unchecked = lost
+            r.notes.append(note)
+            if unchecked:
+                # The verdict rests on SLOs that went unchecked from that step on.
+                r.status = "failed"
+                r.failure = Failure(
+                    kind="metrics_lost", message=f"{note}; the SLOs {', '.join(unchecked)} need them and went unchecked"
+                )
 
     def _server_died(self, server: VllmServer) -> None:
         self.result.status = "failed"
-        self.result.failure = Failure(
-            kind="server_died",
-            message=f"the server exited with code {server.exit_code} during the replay",
-            exit_code=server.exit_code,
-            log_tail=log_tail(server.read_log()),
-        )
+        self.result.failure = death(server, self.oom_kills_at_start)
+        self.result.max_passing_concurrency = bracket(concurrency_history(self.result.steps)).max_passing
+
+    def _server_hung(self, server: VllmServer, failure: Failure) -> None:
+        """The watch saw the server hang or its streams stall: the point ends there, with the steps
+        measured before; the server is stopped on the way out (resumed first if it was stopped,
+        so that SIGTERM reaches it rather than waiting for the SIGKILL after stop_grace_s)."""
+        if server.pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(server.pgid, signal.SIGCONT)
+        self.result.status = "failed"
+        self.result.failure = failure
         self.result.max_passing_concurrency = bracket(concurrency_history(self.result.steps)).max_passing

@@ -9,10 +9,11 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_serializer, model_val
 
 from planner.capacity import Capacity, Failure
 from planner.estimate import Estimate
+from planner.sweep.disk import NO_SPACE, ResultsNotWritten
 from replay.errors import SloSpecError
 from replay.identity import Identity
 from replay.model import ResultModel
-from replay.results import StepResult, write_json_atomic
+from replay.results import PassPoint, StepResult, write_json_atomic
 from replay.slo import rules as slo_mod
 
 RESULTS_FILE = "sweep.json"
@@ -22,7 +23,17 @@ RESULTS_FILE = "sweep.json"
 SCHEMA_VERSION = 3
 
 # pending and running appear only while a sweep runs (or in the file of one that was killed).
-PointStatus = Literal["ok", "infeasible", "failed", "predicted_infeasible", "pending", "running"]
+# dominated and predicted: the adaptive strategy settled the point without searching it
+# (planner.sweep.adaptive; answer_source says the same, with the why beside it).
+PointStatus = Literal[
+    "ok", "infeasible", "failed", "predicted_infeasible", "dominated", "predicted", "pending", "running"
+]
+
+# How a point's answer was reached ([sweep] strategy; docs/guides/adaptive-sweep.md): "searched"
+# (a full search), "verified" (its class's prediction, confirmed by steps on the point itself),
+# "predicted" (the class's law says it cannot beat the best confirmed point: not searched) or
+# "dominated" (its own upper bound cannot beat the best confirmed point: not searched).
+AnswerSource = Literal["searched", "verified", "predicted", "dominated"]
 
 # Start-up failures that say the configuration cannot run (status "infeasible"), as opposed to a
 # broken launch (status "failed").
@@ -66,6 +77,85 @@ class NodeRank(ResultModel):
     log_path: str | None = None
     # The rank's server exit code, once it exited.
     exit_code: int | None = None
+
+
+class Dominance(ResultModel):
+    """Why a dominated point could not win: the best safe concurrency it could ever reach, from its
+    bound, is at or below a confirmed point's."""
+
+    # The confirmed point that dominates it.
+    by: str
+    # That point's confirmed safe concurrency per GPU.
+    by_safe_concurrency_per_gpu: float
+    # The point's upper bound on concurrency: the search never measures above it.
+    bound: int
+    # Where the bound came from: "server_kv_pool" (the search ceiling from the KV pool its server
+    # reported: the point was started, not searched) or "max_concurrency" ([replay]
+    # max_concurrency: the point was not started).
+    bound_source: Literal["server_kv_pool", "max_concurrency"]
+    # floor(bound x (1 - headroom)) / GPUs: the most this point could ever be recommended at.
+    bound_safe_concurrency_per_gpu: float
+
+
+class ClassLaw(ResultModel):
+    """A speed class's latency law, from one full search of one of its points (planner.sweep.laws)."""
+
+    # The class (c1, c2, ...).
+    speed_class: str
+    # The searched point the law comes from.
+    from_point: str
+    # That search's highest pass: the class passes up to it.
+    max_passing: int | None
+    # That search's lowest failure, when a latency rule broke with every request running; None:
+    # the law says nothing above max_passing (nothing failed, or the failure was the point's memory).
+    min_failing: int | None
+    # Where the fitted ratios cross 1 (the lowest crossing over the latency rules), None when none does.
+    knee: float | None
+    # Per latency rule: the measured steps as [concurrency, measured / bound].
+    measured: dict[str, list[list[float]]] = Field(default_factory=dict)
+    # Per latency rule: the isotonic fit of those ratios, as [concurrency, fitted ratio].
+    fitted: dict[str, list[list[float]]] = Field(default_factory=dict)
+    # Per latency rule: where its fit crosses 1 (None: it holds everywhere measured).
+    crossings: dict[str, float | None] = Field(default_factory=dict)
+
+
+class KneePrediction(ResultModel):
+    """A point's max passing concurrency as its class's law predicts it: min(latency knee, the
+    point's KV ceiling, max_num_seqs, [replay] max_concurrency)."""
+
+    # The predicted max passing concurrency.
+    concurrency: int
+    # [lowest, highest] the max passing concurrency can be under the law (highest None: unbounded).
+    interval: list[int | None]
+    # What sets `concurrency`: "latency" (the law), "kv_pool", "max_num_seqs" or "max_concurrency".
+    limit: str
+    # The class whose law made the prediction.
+    speed_class: str
+    # The searched point that law comes from.
+    law_from: str
+    # Whether the point's KV pool was read from its server (False: not started).
+    kv_pool_read: bool = False
+    # None: not verified (the point was not launched, or was searched without verifying);
+    # True: the verification steps agreed; False: they did not and the point was searched in full.
+    verified: bool | None = None
+
+
+class PointPlan(ResultModel):
+    """What the adaptive strategy asks of a point it launches (read where the point runs)."""
+
+    # The best confirmed safe concurrency per GPU when the point was launched: a point whose bound,
+    # read from its server, cannot beat it is settled as dominated without a search (None: no best yet).
+    beat_safe_concurrency_per_gpu: float | None = None
+    # The point that holds that best.
+    beat_by: str | None = None
+    # The class's law: verify its prediction rather than search (None: search in full).
+    law: ClassLaw | None = None
+    # The point's speed class.
+    speed_class: str | None = None
+    # The point's max_num_seqs, when it caps what passes (the SLOs see requests waiting for a slot).
+    max_num_seqs: int | None = None
+    # [replay] max_concurrency, which caps every search.
+    max_concurrency: int | None = None
 
 
 class PointResult(ResultModel):
@@ -151,6 +241,18 @@ class PointResult(ResultModel):
     confirmed: bool | None = None
     # [highest conclusive pass, lowest conclusive fail]; either may be null.
     knee_interval: list[int | None] | None = None
+    # The knee read from every step (replay.search.pass_fit): the highest measured load whose
+    # fitted pass probability is at least knee_fit_level. Absent in older files.
+    knee_fit: int | None = None
+    # The pass-probability level knee_fit was read at ([replay] knee_pass_probability).
+    knee_fit_level: float | None = None
+    # [highest load at and below which every step passed, highest load with a pass]: where the
+    # steps disagree or fail.
+    knee_band: list[int | None] | None = None
+    # Loads that both passed and did not pass (shown, never hidden).
+    contested_concurrency: list[int] = Field(default_factory=list)
+    # The fit per load: passes, steps, fitted pass probability and its interval.
+    pass_probability: list[PassPoint] = Field(default_factory=list)
     # Concurrencies whose every step ran out of time before it could resolve (never failures),
     # and whether [replay] point_budget_s stopped the search before it was done.
     unresolved_concurrency: list[int] = Field(default_factory=list)
@@ -173,6 +275,21 @@ class PointResult(ResultModel):
     kv_cache_tokens_relative_error: float | None = None
     # The server's log (points/<id>/server.log).
     log_path: str | None = None
+    # What happened to the point without ending it (metrics_lost: ..., see docs/reference/faults.md).
+    notes: list[str] = Field(default_factory=list)
+    # The point's speed class (planner.sweep.classes): c1, c2, ... Null in older files.
+    speed_class: str | None = None
+    # How its answer was reached: "searched", "verified", "predicted" or "dominated" (AnswerSource;
+    # [sweep] strategy). Null in older files and while pending.
+    answer_source: AnswerSource | None = None
+    # Why a point was not searched, in words (dominated or predicted).
+    answer_note: str | None = None
+    # A dominated point's bound and the point that dominates it.
+    dominance: Dominance | None = None
+    # The class law's prediction for the point, its interval and how its verification went.
+    knee_prediction: KneePrediction | None = None
+    # What the adaptive strategy asked of the point when it launched it.
+    plan: PointPlan | None = None
 
 
 class Best(ResultModel):
@@ -301,6 +418,34 @@ class FreshServerCheck(ResultModel):
     note: str | None = None
 
 
+class SpeedClassInfo(ResultModel):
+    """One speed class of the grid (planner.sweep.classes) and, under the adaptive strategy, its law."""
+
+    # c1, c2, ... in the order the grid first reaches each class.
+    id: str
+    # The axis values that name the class ("every point" when nothing but memory varies).
+    label: str
+    # Its points, in grid order.
+    point_ids: list[str]
+    # Its law, from its first full search (adaptive only).
+    law: ClassLaw | None = None
+
+
+class AdaptiveSummary(ResultModel):
+    """How the adaptive strategy answered the grid's points, counted."""
+
+    # Points searched in full (fallbacks included).
+    searched: int = 0
+    # Points whose prediction two steps and the confirmation verified.
+    verified: int = 0
+    # Points settled by their class's law, not searched.
+    predicted: int = 0
+    # Points settled by their own bound, not searched.
+    dominated: int = 0
+    # Verifications that disagreed with the prediction, each followed by a full search.
+    fallbacks: int = 0
+
+
 class SweepResults(ResultModel):
     # The file's format version.
     schema_version: int = SCHEMA_VERSION
@@ -322,6 +467,12 @@ class SweepResults(ResultModel):
     fresh_server: FreshServerCheck | None = None
     # The sweep was stopped (Ctrl-C or SIGTERM); finished points and steps are kept.
     interrupted: bool = False
+    # [sweep] strategy: "exhaustive" or "adaptive" (null in older files).
+    strategy: str | None = None
+    # The grid's speed classes (planner.sweep.classes), with their laws under adaptive.
+    speed_classes: list[SpeedClassInfo] = Field(default_factory=list)
+    # How the adaptive strategy answered the points, counted (null under exhaustive).
+    adaptive: AdaptiveSummary | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -337,4 +488,13 @@ class SweepResults(ResultModel):
 
 
 def write_results(output_dir: Path, results: SweepResults) -> None:
-    write_json_atomic(output_dir / RESULTS_FILE, results.model_dump(mode="json"))
+    """Rewrite sweep.json atomically; a full disk raises ResultsNotWritten (planner.sweep.disk) and
+    leaves the previous file as it was."""
+    path = output_dir / RESULTS_FILE
+    data = results.model_dump(mode="json")
+    try:
+        write_json_atomic(path, data)
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise ResultsNotWritten.no_space(path, data, exc) from None

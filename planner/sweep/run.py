@@ -11,14 +11,17 @@ from pathlib import Path
 
 from planner import cpus as cpus_mod
 from planner.capacity import Failure
-from planner.errors import ConfigError, ServerStartFailed
+from planner.errors import ServerStartFailed
 from planner.estimate import Estimate
 from planner.identity import server_identity
+from planner.sweep.adaptive import finish, record_classes, run_adaptive
 from planner.sweep.config import SweepSettings, public_settings
+from planner.sweep.earlier import keep_partial, read_earlier, remove_stale_temporaries, set_aside
 from planner.sweep.executor import Executor, SweepContext, Todo
 from planner.sweep.fresh import confirm_on_fresh_server
 from planner.sweep.grid import Point, expand, fingerprint
 from planner.sweep.local import LocalExecutor
+from planner.sweep.lock import SweepLock
 from planner.sweep.observer import SweepObserver
 from planner.sweep.outcome import choose_best
 from planner.sweep.point import PointContext, now
@@ -30,25 +33,25 @@ from planner.sweep.version import probe_version
 from replay.corpus.jsonl import Corpus
 from replay.errors import ReplayError
 
-FINISHED = {"ok", "infeasible", "predicted_infeasible"}
+FINISHED = {"ok", "infeasible", "predicted_infeasible", "dominated", "predicted"}
 
 
 def previous_results(output_dir: Path) -> dict[str, PointResult]:
-    """Finished points of an earlier run in the same folder, by fingerprint."""
-    path = output_dir / RESULTS_FILE
-    if not path.exists():
+    """Finished points of an earlier run in the same folder, by fingerprint (planner.sweep.earlier
+    says in one line why a file cannot be read)."""
+    earlier = read_earlier(output_dir / RESULTS_FILE)
+    if earlier is None:
         return {}
-    try:
-        earlier = SweepResults.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ConfigError(f"{path}: cannot resume from it: {exc}") from None
     return {p.fingerprint: p for p in earlier.points if p.status in FINISHED}
 
 
-def reusable(earlier: PointResult, *, prune: bool) -> bool:
+def reusable(earlier: PointResult, *, prune: bool, adaptive: bool = False) -> bool:
     """A finished point --resume keeps. Not one the estimate skipped when pruning is now off, nor
-    one refused for want of GPUs here (the planner's limit, not the configuration's)."""
+    one the adaptive strategy settled unsearched when it is now off, nor one refused for want of
+    GPUs here (the planner's limit, not the configuration's)."""
     if earlier.status == "predicted_infeasible" and not prune:
+        return False
+    if earlier.status in ("dominated", "predicted") and not adaptive:
         return False
     return not (
         earlier.failure is not None
@@ -77,13 +80,25 @@ async def run_sweep(
     observers: list[SweepObserver] | None = None,
     predict: Callable[[Point, list], Estimate | NotPredicted | None] | None = None,
     cpus: cpus_mod.CpuSplit | None = None,
+    restart: bool = False,
 ) -> SweepResults:
-    """Run every point of the grid (or reuse it with --resume) and choose the best."""
-    executor = _executor(settings)
-    try:
-        return await _sweep(settings, corpus, Path(output_dir), resume, observers, predict, cpus, executor)
-    finally:
-        executor.close()
+    """Run every point of the grid (or reuse it with --resume) and choose the best. One sweep at a
+    time writes into `output_dir` (planner.sweep.lock); without --resume, its earlier sweep.json is
+    moved aside (planner.sweep.earlier), never overwritten."""
+    output_dir = Path(output_dir)
+    with SweepLock(output_dir):
+        remove_stale_temporaries(output_dir / RESULTS_FILE)
+        if resume:
+            if (earlier := read_earlier(output_dir / RESULTS_FILE)) is not None:
+                keep_partial(output_dir / RESULTS_FILE, earlier, FINISHED)
+        else:
+            # Nothing measured is overwritten: an earlier sweep.json is moved aside.
+            set_aside(output_dir / RESULTS_FILE, restart=restart)
+        executor = _executor(settings)
+        try:
+            return await _sweep(settings, corpus, output_dir, resume, observers, predict, cpus, executor)
+        finally:
+            executor.close()
 
 
 def _executor(settings: SweepSettings) -> Executor:
@@ -144,7 +159,7 @@ async def _sweep(
     todo: Todo = []
     for point in points:
         fp = fingerprint(settings, point, corpus_sha256=corpus.sha256, vllm_version=version)
-        if fp in earlier and reusable(earlier[fp], prune=settings.estimate.prune):
+        if fp in earlier and reusable(earlier[fp], prune=settings.estimate.prune, adaptive=settings.sweep.strategy == "adaptive"):
             reused = earlier[fp].model_copy(update={"id": point.id, "config": point.config})
             ctx.results.points.append(reused)
             continue
@@ -174,14 +189,20 @@ async def _sweep(
         read_at = next((p.prediction.model.revision for p in ctx.results.points if isinstance(p.prediction, Estimate)), None)
         identity = identity.model_copy(update={"model": identity.model.model_copy(update={"revision": read_at})})
         ctx.results.identity = identity
+    classes = record_classes(ctx.results, points, settings)
     ctx.save()
 
     try:
-        await executor.run(ctx, todo)
+        if settings.sweep.strategy == "adaptive":
+            slots = max(1, len(inventory)) if settings.executor.kind == "local" and not settings.server.port else 1
+            await run_adaptive(executor, ctx, todo, grid=points, classes=classes, corpus=corpus, slots=slots)
+        else:
+            await executor.run(ctx, todo)
     except asyncio.CancelledError:
         ctx.results.interrupted = True
         raise
     finally:
+        finish(ctx.results)
         ctx.results.best = choose_best(ctx.results.points)
         if identity.vllm_version is None:
             # A container's command cannot be asked beforehand; its servers said it.

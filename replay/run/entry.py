@@ -17,7 +17,7 @@ from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_ato
 from replay.run.runner import Replay, planned_loads, search_start
 from replay.run.settings import ReplaySettings
 from replay.search.binding import binding
-from replay.search.verdicts import knee
+from replay.search.verdicts import knee, knee_fields
 from replay.step.environment import WindowProbe
 from replay.step.observer import ReplayObserver
 
@@ -78,6 +78,8 @@ async def find_max(replay: Replay, settings: ReplaySettings, results: ReplayResu
     bound_by = binding(replay.steps, hi, cap)
     results.binding_constraint, results.binding_undecided = bound_by.constraint, bound_by.undecided
     results.confirmed, results.knee_interval = knee(replay.steps)
+    for name, value in knee_fields(replay.steps, settings.knee_pass_probability).items():
+        setattr(results, name, value)
 
 
 async def run_replay(

@@ -23,6 +23,7 @@ from replay.search.policy import bracket, disturbed, next_probe, unresolved
 from replay.search.saturation import first_probe, saturation_probe
 from replay.search.verdicts import concurrency_history, probe_of
 from replay.server.metrics import MetricsScraper
+from replay.stats.across_steps import spread_of
 from replay.step.environment import CpuProbe, EnvironmentWatch, WindowProbe
 from replay.step.observer import ReplayObserver
 from replay.step.run import run_step
@@ -102,7 +103,12 @@ class Replay:
                 self.client,
                 self.cursor,
                 load,
-                replace(window or self.settings.window(self.slo), think_per_request_s=self.think_per_request_s),
+                replace(
+                    window or self.settings.window(self.slo),
+                    think_per_request_s=self.think_per_request_s,
+                    # Judged across steps: the tau and between-step spread of the steps so far.
+                    spread=spread_of(self.steps, self.slo) if self.slo else None,
+                ),
                 requests=self.corpus.requests,
                 sessions=self.corpus.sessions,
                 think=self.think,

@@ -99,6 +99,9 @@ class ReplaySettings(BaseModel):
     interference_power_cap: bool = False
     # How many times a disturbed concurrency is measured again before the search stops there.
     disturbed_retries: int = Field(default=2, ge=0)
+    # The knee read from every step is the highest load whose fitted pass probability is at least
+    # this (replay.search.pass_fit).
+    knee_pass_probability: float = Field(default=0.9, gt=0, lt=1)
     # Merged into every request body (temperature, top_p, ...).
     extra_body: dict[str, Any] = Field(default_factory=dict)
 

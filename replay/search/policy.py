@@ -39,7 +39,11 @@ the caller names the disturbed steps. An answer never rests on a disturbed step.
 
 With `confirm`, the highest pass is measured once more before the search ends (the step runner
 takes fresh prompts); if the repeat does not pass, that concurrency now counts as failing, and
-the search goes on below it and confirms again.
+the search goes on below it, first one precision step below it (a load that passed once is
+near the knee; falling back to the bracket's low end, often the start-up's guess, paid for
+steps far below it), and confirms again. The same holds whenever a step at or just above the
+lowest failure (within two precision steps) passed: the steps disagree there, and the knee is
+close below.
 
 The confirmation is also the guard on the model's assumption: a server whose latency fell with
 load would show it as a pass that does not repeat.
@@ -50,6 +54,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from replay.stats.isotonic import isotonic
 
 # How many times an unresolved concurrency is measured again (each time with a longer window).
 UNRESOLVED_RETRIES = 1
@@ -207,6 +213,16 @@ def _narrow(probes: list[Probe], upper: int | None, rel_precision: float) -> int
     if hi <= 1 or converged(lo, hi, rel_precision):
         return None
     tried = {p.concurrency for p in informative}
+    # A failed confirmation (or any repeat that did not pass) makes the lowest failure a load
+    # that also passed, or one just below a pass (within two precision steps; a pass far above is
+    # noise and ignored): the steps disagree there and the knee is close below it, whatever the
+    # bracket's lower end, so the next probe is one precision step down (replay.search.pass_fit
+    # reads the answer from every step).
+    near = hi + max(1, math.ceil(2 * rel_precision * hi))
+    if any(hi <= p.concurrency <= near and p.passed for p in informative):
+        below = hi - max(1, math.ceil(rel_precision * hi))
+        if lo < below and below not in tried:
+            return below
     step = max(1, math.ceil(rel_precision * lo))
     model = predicted_knee(informative)
     candidate: int | None = None
@@ -285,22 +301,6 @@ def rule_crossing(probes: Sequence[Probe], rule: str) -> float | None:
                 return crossing
     x0, f0 = distinct[0]
     return x0 / f0 if f0 > 0 else None
-
-
-def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
-    """Pool-adjacent-violators: the non-decreasing sequence nearest `values` in weighted least
-    squares."""
-    blocks: list[list[float]] = []  # [mean, weight, count]
-    for v, w in zip(values, weights):
-        blocks.append([v, w, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            m2, w2, n2 = blocks.pop()
-            m1, w1, n1 = blocks.pop()
-            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    out: list[float] = []
-    for mean, _, count in blocks:
-        out.extend([mean] * int(count))
-    return out
 
 
 def knee_interval(verdicts: Sequence[tuple[int, str]]) -> list[int | None]:

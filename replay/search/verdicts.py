@@ -1,11 +1,13 @@
 """What a search's finished steps say, read the same way by `planner replay`, the sweep and the
 report: each closed-loop step as the search sees it (its probe), the knee and whether it was
-confirmed, and the constraint that bound the answer (replay.search.binding: the rules that failed
-conclusively, the undecided ones apart)."""
+confirmed, the knee read from every step (replay.search.pass_fit), and the constraint that bound
+the answer (replay.search.binding: the rules that failed conclusively, the undecided ones
+apart)."""
 
 from __future__ import annotations
 
 from replay.results import StepResult
+from replay.search import pass_fit
 from replay.search.binding import binding
 from replay.search.policy import Probe, bracket, is_confirmed, knee_interval
 from replay.slo import rules as slo_mod
@@ -41,3 +43,15 @@ def knee(steps: list[StepResult]) -> tuple[bool, list[int | None]]:
     lo = bracket(history).max_passing
     verdicts = [(p.concurrency, p.verdict) for p in history]
     return (lo is not None and is_confirmed(history, lo)), knee_interval(verdicts)
+
+
+def knee_fields(steps: list[StepResult], level: float = pass_fit.DEFAULT_LEVEL) -> dict[str, object]:
+    """The result fields of the knee read from every step (replay.search.pass_fit)."""
+    fitted = pass_fit.fit(steps, level)
+    return {
+        "knee_fit": fitted.knee_fit,
+        "knee_fit_level": level,
+        "knee_band": fitted.knee_band,
+        "contested_concurrency": fitted.contested,
+        "pass_probability": fitted.points,
+    }

@@ -4,8 +4,10 @@
 
 Latency keys are `<metric>_<stat>_ms` with metric in ttft, itl, tpot, e2e and stat in mean, p50,
 p90, p95, p99, max; each is an upper bound. `error_rate` bounds failed / (ok + failed);
-`max_preemptions` bounds the server's preemptions during the step; `kv_cache_usage_max` bounds
-the peak KV-cache usage (a 0-1 fraction); `max_waiting` bounds the peak of waiting requests.
+`max_preemptions` bounds the server's preemptions and `kv_cache_usage_max` its KV-cache usage (a
+0-1 fraction), both judged the same at any window length (replay.slo.max_rules: 0 preemptions over
+the window's first 100 measured requests, or a rate per 100 requests with an interval; the share
+of the window's time above the usage bound); `max_waiting` bounds the peak of waiting requests.
 
 `server_<metric>_<stat>_ms` (metric in ttft, itl, tpot, e2e, queue; stat in mean, p50, p90, p95,
 p99) bounds the same figure from vLLM's own histograms over the window instead of the client's
@@ -29,7 +31,8 @@ from collections.abc import Mapping, Sequence
 
 from replay.errors import SloSpecError
 from replay.results import StepResult, Verdict
-from replay.stats import intervals
+from replay.slo import max_rules
+from replay.stats import across_steps, intervals
 
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99", "max")
@@ -139,8 +142,14 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
             "kv_cache_usage_max": step.server.kv_cache_usage_peak,
             "max_waiting": step.server.waiting_peak,
         }[key]
+        judged = max_rules.verdict(step, key, bound)
         if server_value is None:
             unverified.append(key)
+        elif judged is not None:
+            # Judged the same at any window length (replay.slo.max_rules); inconclusive is no violation
+            # of what was measured, and `verdicts` keeps it inconclusive.
+            if judged == "fail":
+                violations.append(key)
         elif server_value > bound:
             violations.append(key)
     return violations, unverified
@@ -193,13 +202,18 @@ def _interval_verdict(bounds: list[float | None] | None, point: float | None, bo
 
 
 def verdicts(
-    step: StepResult, slo: Mapping[str, float], samples: Mapping[str, Sequence[float]] | None = None
+    step: StepResult,
+    slo: Mapping[str, float],
+    samples: Mapping[str, Sequence[float]] | None = None,
+    spread: across_steps.Spread | None = None,
 ) -> tuple[dict[str, Verdict], list[str]]:
     """Per-SLO verdicts for a step, and the SLOs that could not be checked (left out of the first,
     except a server figure the window failed to sample, which is there as inconclusive).
 
     `samples` (metric -> values in arrival order, as the step measured them) lets a percentile be
-    judged by `intervals.quantile_versus_bound`; without them (a saved result) by its ci95."""
+    judged across steps by `across_steps.quantile_check` (its tau floored, its bound moved by the
+    between-step margin that `spread`, read from the point's earlier steps, gives); without them
+    (a saved result) by its ci95."""
     violations, unverified = evaluate(step, slo)
     out: dict[str, Verdict] = {}
     for key, bound in slo.items():
@@ -217,13 +231,15 @@ def verdicts(
             if point is None:
                 out[key] = "fail"
             elif samples is not None and metric in samples and stat in intervals.QUANTILES:
-                sign = intervals.quantile_versus_bound(samples[metric], intervals.QUANTILES[stat], bound)
+                sign = across_steps.checks({key: bound}, samples, spread)[key].sign
                 out[key] = {1: "pass", -1: "fail", 0: "inconclusive"}[sign]
             else:
                 ci = summary.ci95.get(stat) if summary.ci95 is not None else None
                 out[key] = _interval_verdict(ci, point, bound, upper=True)
         elif key == ATTAINMENT_KEY and bound < 1 and step.slo_attainment is not None:
             out[key] = _interval_verdict(step.slo_attainment_ci95, step.slo_attainment, bound, upper=False)
+        elif (judged := max_rules.verdict(step, key, bound)) is not None:
+            out[key] = judged
         else:
             out[key] = "fail" if key in violations else "pass"
     return out, unverified

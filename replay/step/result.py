@@ -15,8 +15,10 @@ from replay.results import ServerSummary, SessionSummary, StepResult, updated
 from replay.server.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
 from replay.server.metrics import MetricsScraper, Sample
 from replay.server.metrics import summarize as summarize_server
+from replay.slo import max_rules
 from replay.slo import rules as slo_mod
 from replay.slo.exceedance import exceedance_tests
+from replay.stats.across_steps import Spread, checks
 from replay.step.figures import build_result, client_summary, latency_samples, steady_records
 
 
@@ -95,14 +97,20 @@ def client_finished(records: StepRecords, metrics: MetricSnapshots | None) -> in
     return len(records.finished_inside)
 
 
-def slo_fields(result: StepResult, records: StepRecords, slo: dict[str, float], max_requests: int | None) -> dict:
+def slo_fields(
+    result: StepResult, records: StepRecords, slo: dict[str, float], max_requests: int | None,
+    spread: Spread | None = None,
+) -> dict:
     """The step's verdicts: each rule's, and the step's, and the test that passed each percentile
     rule (replay.slo.exceedance). A window that ran out of time before its bounds were finite,
-    with nothing shown broken, is unresolved rather than failed."""
+    with nothing shown broken, is unresolved rather than failed. Percentile rules are judged
+    across steps (replay.stats.across_steps), with what `spread` says of the point's earlier
+    steps; their intervals and taus are kept."""
     spec = records.load.spec()
     samples = latency_samples(list(records.measured), spec)
-    rule_verdicts, unverified = slo_mod.verdicts(result, slo, samples)
+    rule_verdicts, unverified = slo_mod.verdicts(result, slo, samples, spread)
     verdict = slo_mod.step_verdict(rule_verdicts)
+    across = checks(slo, samples, spread)
     if records.closed_by in ("time", "budget") and verdict != "pass":
         if slo_mod.only_short_of_time(result, slo, rule_verdicts, max_requests):
             verdict = "unresolved"
@@ -115,6 +123,9 @@ def slo_fields(result: StepResult, records: StepRecords, slo: dict[str, float], 
         slo_verdicts=rule_verdicts,
         slo_exceedance=exceedance_tests(samples, slo, rule_verdicts),
         slo_views={key: slo_mod.view(key) for key in slo},
+        slo_ci95={key: list(c.ci95) for key, c in across.items()},
+        slo_tau={key: round(c.own_tau, 3) for key, c in across.items()},
+        slo_margin_log_sd={key: round(c.log_sd, 4) for key, c in across.items() if c.log_sd},
     )
 
 
@@ -126,10 +137,12 @@ def step_result(
     max_requests: int | None = None,
     sessions: SessionFigures | None = None,
     ttft_excess: tuple[float, float] = (TTFT_EXCESS_MS, TTFT_EXCESS_FRACTION),
+    spread: Spread | None = None,
 ) -> StepResult:
     """The step's result: its figures (replay.step.figures), vLLM's over the same window, the
     client checked against them (replay.server.crosscheck), the sessions' figures, and the SLO
-    verdicts. `max_requests` is the window's (an unresolved verdict needs it)."""
+    verdicts. `max_requests` is the window's (an unresolved verdict needs it); `spread` what the
+    point's earlier steps say (replay.stats.across_steps)."""
     spec = records.load.spec()
     result = build_result(
         spec=spec,
@@ -160,5 +173,12 @@ def step_result(
             result, sessions=sessions.summary(measured, records.finished_inside, records.open_s, records.close_s)
         )
     if slo is not None:
-        result = updated(result, **slo_fields(result, records, slo, max_requests))
+        if metrics is not None:
+            # The rules over a maximum are judged on figures of any window length (replay.slo.max_rules).
+            measured = steady_records(list(records.measured), spec)[0]
+            result = updated(
+                result,
+                **max_rules.figures(metrics.samples, records.open_s, records.close_s, measured, result, slo),
+            )
+        result = updated(result, **slo_fields(result, records, slo, max_requests, spread))
     return result

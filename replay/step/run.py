@@ -106,7 +106,7 @@ def window_state(
         on_close=window_closed,
         load=load,
         on_open=window_opened,
-        judge=slo_judge(load.spec(), slo) if slo else None,
+        judge=slo_judge(load.spec(), slo, window.spread) if slo else None,
     )
     state.server_broke = gauges_broke(scraper, slo, state)
     return state
@@ -193,7 +193,8 @@ async def run_step(
     )
     metrics = MetricSnapshots.of(scraper) if scraper is not None else None
     result = step_result(
-        records, metrics, slo, max_requests=window.max_requests, sessions=runner, ttft_excess=ttft_excess
+        records, metrics, slo, max_requests=window.max_requests, sessions=runner, ttft_excess=ttft_excess,
+        spread=window.spread,
     )
     if environment is not None:
         seen, disturbed = environment.judge()

@@ -42,7 +42,9 @@ from replay.load.kinds import Concurrency, Load, PoissonRate, TraceReplay
 from replay.records import RequestRecord
 from replay.results import ClientSummary, ServerSummary
 from replay.server.metrics import MetricsScraper
+from replay.slo import max_rules
 from replay.slo import rules as slo_mod
+from replay.stats.across_steps import Spread
 from replay.step.figures import build_result, latency_samples
 
 # An inconclusive window is judged again once it has this many times the requests it had.
@@ -75,6 +77,8 @@ class Window:
     # Session corpora: the mean think time before a turn (turn 1's none included). A user's cycle
     # per request is its duration plus this, so a window sized from the warm-up adds it.
     think_per_request_s: float = 0.0
+    # What the point's earlier steps say about the variance a step cannot see (replay.stats.across_steps).
+    spread: Spread | None = None
 
     def warmup_for(self, load: Load) -> int:
         if self.warmup_requests is not None:
@@ -272,12 +276,17 @@ def gauges_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None
         if not inside:
             return False
         kv = [x.kv_cache_usage for x in inside if x.kv_cache_usage is not None]
-        if "kv_cache_usage_max" in bounds and kv and max(kv) > bounds["kv_cache_usage_max"]:
-            return True
+        # The share of the window above the bound (replay.slo.max_rules), once it rests on enough samples.
+        kv_bound = bounds.get("kv_cache_usage_max")
+        if kv_bound is not None and len(kv) >= 1 / max_rules.KV_ABOVE_SHARE_LIMIT:
+            if sum(1 for u in kv if u > kv_bound) / len(kv) > max_rules.KV_ABOVE_SHARE_LIMIT:
+                return True
         waiting = [x.waiting for x in inside if x.waiting is not None]
         if "max_waiting" in bounds and waiting and max(waiting) > bounds["max_waiting"]:
             return True
-        if "max_preemptions" in bounds and before and before[-1].preemptions is not None:
+        # A preemption bound of 0 is judged over the first requests (replay.slo.max_rules); a rate at the end.
+        within_exposure = bounds.get("max_preemptions") == 0 and len(state.measured) <= max_rules.EXPOSURE_REQUESTS
+        if within_exposure and before and before[-1].preemptions is not None:
             last = inside[-1].preemptions
             return last is not None and last - before[-1].preemptions > bounds["max_preemptions"]
         return False
@@ -285,7 +294,7 @@ def gauges_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None
     return broke
 
 
-def slo_judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], float], str]:
+def slo_judge(spec, slo: Mapping[str, float], spread: Spread | None = None) -> Callable[[list[RequestRecord], float], str]:
     """The window's verdict on the sample so far, from the client-side SLOs. Server-side SLOs are
     judged on the whole window (and early, on vLLM's gauges, by gauges_broke)."""
     def judge(measured: list[RequestRecord], elapsed_s: float) -> str:
@@ -301,7 +310,7 @@ def slo_judge(spec, slo: Mapping[str, float]) -> Callable[[list[RequestRecord], 
             client=ClientSummary(),
             slo=slo,
         )
-        rule_verdicts, _ = slo_mod.verdicts(partial, slo, latency_samples(measured, spec))
+        rule_verdicts, _ = slo_mod.verdicts(partial, slo, latency_samples(measured, spec), spread)
         return slo_mod.step_verdict(rule_verdicts)
 
     return judge

@@ -37,9 +37,18 @@ pool preempts): with R requests running,
     inter-token latency  = FAKE_VLLM_ITL_S  x (1 + FAKE_VLLM_ITL_GROWTH  x R)
     time to first token  = FAKE_VLLM_TTFT_S x (1 + FAKE_VLLM_TTFT_GROWTH x R)   (+ queueing)
 
-(defaults 0.01 s, 0.1, 0.02 s, 0.05), so under a closed-loop load of C requests, while C stays
+(defaults 0.01 s, 0.1, 0.02 s, 0.05). --max-num-batched-tokens B scales the ITL growth by
+B / FAKE_VLLM_BATCHED_TOKENS_REF (default 2048): a larger token budget per engine step mixes
+longer prefill chunks into decode steps, so each running request slows the others more. It is
+the one flag of the fake that changes its speed (the grid's speed classes,
+planner.sweep.classes); without it the growth is FAKE_VLLM_ITL_GROWTH as given. So under a closed-loop load of C requests, while C stays
 within max-num-seqs and the pool, ITL is about itl_s x (1 + growth x C): an ITL SLO of X s
 passes up to C = (X / itl_s - 1) / growth, the known answer a sweep's search must find.
+
+Noise (tests/fakes/openai_server.py's Behavior): FAKE_VLLM_SLOWNESS_SIGMA (a per-request lognormal
+factor on every gap), FAKE_VLLM_STEP_SIGMA (a lognormal factor shared by all requests until the
+server idles, drawn anew per step), FAKE_VLLM_PREEMPTION_RATE (spurious preemptions per request
+per request running); all 0 by default.
 
 Other knobs: FAKE_VLLM_STARTUP_S (seconds before the port opens); FAKE_VLLM_DIE_AFTER_S (after
 ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)); FAKE_VLLM_DIE_AFTER_REQUESTS
@@ -47,6 +56,19 @@ ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)); FAKE_
 FAKE_VLLM_IGNORE_SIGTERM=1 (both processes ignore SIGTERM, so only SIGKILL stops them);
 FAKE_VLLM_STARTS_FILE with FAKE_VLLM_SLOWER_FROM_START = "N:F" (each start adds a line to the file;
 from the Nth start on, inter-token latency is F times longer: an answer that depends on one start).
+
+Faults that begin once FAKE_VLLM_FAULT_AFTER_REQUESTS (default 0) completion requests have arrived,
+named by FAKE_VLLM_FAULT (the fault catalogue's, docs/reference/faults.md):
+  stop              the server SIGSTOPs itself (as `kill -STOP`, or a debugger attaching)
+  hang              the event loop blocks: the port still accepts connections (the kernel's
+                    backlog), nothing answers, /health included (a stuck API server)
+  stall             streams stop after their first tokens with the connection left open, and
+                    every later stream too; /health answers (a stuck engine)
+  metrics_gone      /metrics answers 404
+  metrics_garbage   /metrics answers 200 with text that is not Prometheus' format
+  oom               the server SIGKILLs itself, as the kernel's OOM killer does, after adding one
+                    to `oom_kill N` in the file FAKE_VLLM_OOM_EVENTS names (the cgroup's
+                    memory.events, as a test hands it to the planner)
 
 Across nodes (--nnodes N, vLLM's multiprocessing backend): tensor x pipeline parallel size must
 divide by N, and each node needs its share of the GPUs. Rank 0 listens on --master-addr:--master-port
@@ -63,6 +85,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -225,14 +248,25 @@ def _env_float(name: str, default: float) -> float:
     return float(raw) if raw else default
 
 
+def itl_growth(max_num_batched_tokens: int | None) -> float:
+    """FAKE_VLLM_ITL_GROWTH, scaled by --max-num-batched-tokens over FAKE_VLLM_BATCHED_TOKENS_REF."""
+    growth = _env_float("FAKE_VLLM_ITL_GROWTH", 0.1)
+    if max_num_batched_tokens is None:
+        return growth
+    return growth * max_num_batched_tokens / _env_float("FAKE_VLLM_BATCHED_TOKENS_REF", 2048)
+
+
 class FakeVllmServer(FakeServer):
     """FakeServer whose vllm:cache_config_info carries this engine's cache config, as vLLM's does."""
 
     def __init__(self, behavior: Behavior, *, host: str, port: int, cache_info: dict[str, str]) -> None:
         super().__init__(behavior, host=host, port=port)
         self.cache_info = {**cache_info, "engine": "0"}
+        self.garbage_metrics = False
 
     def metrics_text(self) -> str:
+        if self.garbage_metrics:
+            return "<html><body>502 Bad Gateway</body></html>\nvllm:num_requests_running{engine=0 not a number\n"
         lines = [line for line in super().metrics_text().splitlines() if "vllm:cache_config_info" not in line]
         labels = ",".join(f'{k}="{v}"' for k, v in self.cache_info.items())
         lines += [
@@ -345,6 +379,9 @@ async def _serve(args: argparse.Namespace, behavior: Behavior, cache_info: dict[
         print(f"(APIServer pid={log.pid}) INFO:     Application startup complete.", flush=True)
         die_after_s = _env_float("FAKE_VLLM_DIE_AFTER_S", 0.0)
         die_after_requests = int(os.environ.get("FAKE_VLLM_DIE_AFTER_REQUESTS") or 0)
+        fault = os.environ.get("FAKE_VLLM_FAULT")
+        if fault:
+            await _fault(server, fault, int(os.environ.get("FAKE_VLLM_FAULT_AFTER_REQUESTS") or 0), stop, log)
         if die_after_s or die_after_requests:
             ready_at = time.perf_counter()
             while not stop.is_set():
@@ -360,6 +397,39 @@ async def _serve(args: argparse.Namespace, behavior: Behavior, cache_info: dict[
     finally:
         await server.close()
     return 0
+
+
+async def _fault(server: FakeVllmServer, fault: str, after_requests: int, stop: asyncio.Event, log: Logger) -> None:
+    """Wait for `after_requests` completion requests, then begin `fault` (see the docstring)."""
+    if fault not in ("stop", "hang", "stall", "metrics_gone", "metrics_garbage", "oom"):
+        raise SystemExit(f"FAKE_VLLM_FAULT={fault!r}: not a fault this fake knows")
+    while server.stats.requests < after_requests and not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.02)
+    if stop.is_set():
+        return
+    match fault:
+        case "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        case "hang":
+            log("WARNING", "core.py:1200", "(fault) the event loop hangs", proc="EngineCore")
+            time.sleep(ENGINE_MAX_LIFE_S)  # blocks the loop: nothing answers, SIGTERM included
+        case "stall":
+            server.behavior = dataclasses.replace(server.behavior, stall_streams=True)
+        case "metrics_gone":
+            server.behavior = dataclasses.replace(server.behavior, metrics=False)
+        case "metrics_garbage":
+            server.garbage_metrics = True
+        case "oom":
+            events = os.environ.get("FAKE_VLLM_OOM_EVENTS")
+            if events:
+                text = Path(events).read_text() if Path(events).exists() else "oom 0\noom_kill 0\n"
+                lines = [
+                    f"oom_kill {int(line.split()[1]) + 1}" if line.startswith("oom_kill ") else line
+                    for line in text.splitlines()
+                ]
+                Path(events).write_text("\n".join(lines) + "\n")
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -480,7 +550,10 @@ def main(argv: list[str] | None = None) -> int:
             ttft_s=_env_float("FAKE_VLLM_TTFT_S", 0.02),
             itl_s=_env_float("FAKE_VLLM_ITL_S", 0.01) * _start_factor(),
             ttft_growth_per_running=_env_float("FAKE_VLLM_TTFT_GROWTH", 0.05),
-            itl_growth_per_running=_env_float("FAKE_VLLM_ITL_GROWTH", 0.1),
+            itl_growth_per_running=itl_growth(args.max_num_batched_tokens),
+            slowness_sigma=_env_float("FAKE_VLLM_SLOWNESS_SIGMA", 0.0),
+            step_sigma=_env_float("FAKE_VLLM_STEP_SIGMA", 0.0),
+            preemption_rate=_env_float("FAKE_VLLM_PREEMPTION_RATE", 0.0),
             max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
             kv_cache_tokens=kv_tokens,
             max_model_len=max_model_len,

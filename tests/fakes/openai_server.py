@@ -28,6 +28,14 @@ Capacity model (vLLM-like and coarse, for sweeps):
 - ``itl = itl_s * (1 + itl_growth_per_running * running)``; TTFT likewise with its own factor.
 - With ``slowness_sigma`` every request draws a factor from a lognormal (median 1) that scales
   all its inter-token gaps, so a request's TPOT is ``itl * factor``: a known law for percentiles.
+- With ``step_sigma`` a second lognormal factor (median 1) scales every request's gaps alike; it
+  is drawn anew when a request arrives at a server that sat idle (nothing running or waiting) for
+  at least ``step_idle_s``: between a planner's steps, which drain before the next one. It stands
+  for what a step cannot see from inside (the server's state, the corpus's draw), so repeated
+  steps at one load differ by more than one step's own spread.
+- With ``preemption_rate`` a request is preempted once, at a random token, with probability
+  ``preemption_rate x running`` (capped at 1): counted, its KV freed and its prefill paid again,
+  as vLLM's recompute preemption does. Rare events whose count grows with the window's length.
 
 /metrics carries vLLM's gauges and counters and, like vLLM 0.32, its latency histograms (same
 names, buckets and labels, rendered by prometheus_client as vLLM does), observed on the server's
@@ -100,15 +108,24 @@ class Behavior:
     itl_growth_per_running: float = 0.0
     ttft_growth_per_running: float = 0.0
     slowness_sigma: float = 0.0
+    # A factor shared by every request between two idle spells (see the module docstring).
+    step_sigma: float = 0.0
+    step_idle_s: float = 0.05
+    # Probability per request, per request running, of one spurious preemption.
+    preemption_rate: float = 0.0
     # vLLM's prefix cache as counters only: vllm:prefix_cache_queries/hits (see PrefixCache).
     prefix_caching: bool = True
+    # Streams stop after their first tokens and send nothing more, the connection left open (a
+    # stuck engine behind an API server that still answers /health).
+    stall_streams: bool = False
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "disconnect_rate", "error_event_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"Behavior.{name}={value!r}: must be a fraction in [0, 1]")
-        for name in ("ttft_s", "itl_s", "itl_growth_per_running", "ttft_growth_per_running", "slowness_sigma"):
+        for name in ("ttft_s", "itl_s", "itl_growth_per_running", "ttft_growth_per_running", "slowness_sigma",
+                     "step_sigma", "step_idle_s", "preemption_rate"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Behavior.{name}={getattr(self, name)!r}: must be >= 0")
         for name in ("output_tokens", "max_model_len", "max_num_seqs", "kv_cache_tokens"):
@@ -364,6 +381,11 @@ class FakeServer:
         self.received: list[tuple[float, dict[str, Any]]] | None = None
         self.last_headers: dict[str, str] = {}
         self._rng = random.Random(self.behavior.seed)
+        # The step factor and spurious preemptions draw from their own stream, so a test's fault
+        # sequence stays what it was without them.
+        self._noise_rng = random.Random(self.behavior.seed + 1)
+        self._step_factor = 1.0
+        self._idle_since: float | None = None
         self._capacity = _Capacity(self)
         self._prefix_cache = PrefixCache()
         self._server: asyncio.Server | None = None
@@ -379,6 +401,7 @@ class FakeServer:
 
     async def __aenter__(self) -> FakeServer:
         self._rng = random.Random(self.behavior.seed)
+        self._noise_rng = random.Random(self.behavior.seed + 1)
         self._server = await asyncio.start_server(self._connection, self.host, self.port, backlog=4096)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -597,6 +620,8 @@ class FakeServer:
         capacity = self._capacity
         arrival = loop.time()
         slowness = self._rng.lognormvariate(0.0, b.slowness_sigma) if b.slowness_sigma else 1.0
+        slowness *= self._shared_factor(arrival)
+        preempt_at = self._spurious_preemption(n_tokens)
         await capacity.admit(prompt_tokens)
         admitted = loop.time()
         held = prompt_tokens
@@ -611,7 +636,7 @@ class FakeServer:
                 delay = deadline - loop.time()
                 # sleep(0) still yields, so many zero-delay streams share the loop fairly.
                 await asyncio.sleep(delay if delay > 0 else 0)
-                if not capacity.grow():
+                if i == preempt_at or not capacity.grow():
                     capacity.preempt(held)
                     running_now = False
                     need = held + 1
@@ -637,6 +662,9 @@ class FakeServer:
                     await writer.drain()
                     writer.transport.abort()
                     return False
+                if b.stall_streams and i == fault_at:
+                    await writer.drain()
+                    await asyncio.Event().wait()  # until the client gives up or the server closes
                 if error_event and i == fault_at:
                     err = {"error": {"message": "injected error mid-stream", "type": "InternalServerError", "param": None, "code": 500}}
                     _write_chunk(writer, f"data: {json.dumps(err)}\n\n")
@@ -645,6 +673,8 @@ class FakeServer:
         finally:
             if running_now:
                 capacity.release(held)
+            if self.stats.running == 0 and self.stats.waiting == 0:
+                self._idle_since = loop.time()
         self.stats.prompt_tokens += prompt_tokens
         if not stream:
             await self._send_json(writer, 200, chunk.full_body("".join(texts), prompt_tokens, len(texts), usage_wanted))
@@ -659,6 +689,29 @@ class FakeServer:
             self.stats.completed += 1
             self.histograms.observe(b.models[0], arrival, admitted, token_times)
         return True
+
+    def _shared_factor(self, arrival: float) -> float:
+        """The step factor: drawn anew for a request that finds the server idle for step_idle_s
+        (or is its first)."""
+        b = self.behavior
+        if not b.step_sigma:
+            return 1.0
+        idle = self.stats.running == 0 and self.stats.waiting == 0
+        fresh = self.stats.requests == 1 or (
+            idle and self._idle_since is not None and arrival - self._idle_since >= b.step_idle_s
+        )
+        if fresh:
+            self._step_factor = self._noise_rng.lognormvariate(0.0, b.step_sigma)
+        return self._step_factor
+
+    def _spurious_preemption(self, n_tokens: int) -> int | None:
+        """The token (1..n-1) at which this request is preempted, or None."""
+        b = self.behavior
+        if not b.preemption_rate or n_tokens < 2:
+            return None
+        if self._noise_rng.random() >= min(1.0, b.preemption_rate * (self.stats.running + 1)):
+            return None
+        return self._noise_rng.randrange(1, n_tokens)
 
     def _ttft(self) -> float:
         b = self.behavior
@@ -819,6 +872,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--itl-growth-per-running", type=float, default=d.itl_growth_per_running)
     p.add_argument("--ttft-growth-per-running", type=float, default=d.ttft_growth_per_running)
     p.add_argument("--slowness-sigma", type=float, default=d.slowness_sigma, help="per-request lognormal factor on every gap")
+    p.add_argument("--step-sigma", type=float, default=d.step_sigma, help="lognormal factor shared until the server idles")
+    p.add_argument("--step-idle-s", type=float, default=d.step_idle_s, help="idle time after which the step factor is drawn anew")
+    p.add_argument("--preemption-rate", type=float, default=d.preemption_rate, help="spurious preemptions per request per request running")
     return p
 
 

@@ -81,3 +81,38 @@ def test_process_mode_serves_until_terminated(spawn_fake_server) -> None:
 def test_behavior_rejects_bad_rates() -> None:
     with pytest.raises(ValueError, match="error_rate"):
         Behavior(error_rate=1.5)
+
+
+def test_step_factor_is_shared_within_a_burst_and_drawn_anew_after_idle() -> None:
+    """step_sigma: requests in flight together share one factor; after an idle spell a new one."""
+
+    async def burst(c: httpx.AsyncClient, srv: FakeServer) -> float:
+        async def one() -> None:
+            r = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            assert r.status_code == 200
+
+        await asyncio.gather(*[one() for _ in range(4)])
+        await asyncio.sleep(0.02)
+        return srv._step_factor
+
+    async def main() -> list[float]:
+        behavior = Behavior(itl_s=0.001, step_sigma=0.5, step_idle_s=0.01, seed=3)
+        async with FakeServer(behavior) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+            return [await burst(c, srv) for _ in range(3)]
+
+    factors = asyncio.run(main())
+    assert len(set(factors)) == 3 and all(f > 0 for f in factors)
+
+
+def test_preemption_rate_preempts_requests_and_counts_them() -> None:
+    async def main(rate: float) -> FakeServer:
+        async with FakeServer(Behavior(itl_s=0.001, preemption_rate=rate)) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+            for _ in range(5):
+                r = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
+                assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+            return srv
+
+    # One running (itself) at rate 1: every request is preempted exactly once.
+    srv = asyncio.run(main(1.0))
+    assert srv.stats.preemptions == 5 and srv.stats.running == 0 and srv.stats.kv_used_tokens == 0
+    assert asyncio.run(main(0.0)).stats.preemptions == 0

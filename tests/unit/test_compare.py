@@ -166,6 +166,18 @@ def test_an_unconfirmed_knee_is_inconclusive_and_a_lost_point_regressed():
     assert capacity_verdict(_run_point(None, status="infeasible"), _run_point(None, status="infeasible"))[0] == "unchanged"
 
 
+def test_a_point_the_adaptive_strategy_did_not_search_is_compared_only_with_its_kind():
+    assert capacity_verdict(_run_point((8, 9)), _run_point(None, status="predicted")) == (
+        "inconclusive",
+        "not searched in the new run (predicted by the adaptive strategy): compared only with a point predicted there too",
+    )
+    assert capacity_verdict(_run_point(None, status="dominated"), _run_point((8, 9)))[0] == "inconclusive"
+    assert capacity_verdict(_run_point(None, status="dominated"), _run_point(None, status="dominated")) == (
+        "unchanged", "dominated in both runs",
+    )
+    assert capacity_verdict(_run_point(None, status="dominated"), _run_point(None, status="predicted"))[0] == "inconclusive"
+
+
 def test_a_slower_statistic_regresses_its_point_and_names_load_and_statistic(tmp_path):
     base = _sweep(tmp_path, "a", [_point("p0", {"mml": 1}, steps=[_step(4, 20.0, [19.0, 21.0]), _step(8, 30.0, [29.0, 31.0])])])
     new = _sweep(tmp_path, "b", [_point("p0", {"mml": 1}, steps=[_step(4, 20.2, [19.2, 21.2]), _step(8, 36.0, [35.0, 37.0])])])

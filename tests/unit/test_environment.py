@@ -184,3 +184,18 @@ def test_the_knee_never_rests_on_a_disturbed_step():
     assert knee_interval(verdicts) == [5, 6]
     history = [Probe(4, "pass"), Probe(8, "disturbed"), Probe(6, "fail")]
     assert next_probe(history, start=4) == 5
+
+
+def test_the_knee_read_from_every_step_and_the_spread_leave_disturbed_steps_out():
+    # Issue 35's fit and between-step spread count every informative step; a disturbed one is not.
+    from replay.search import pass_fit
+    from replay.stats.across_steps import spread_of
+    from tests.unit.test_sweep_outcome import step
+
+    clean = [step(4, True, 1.0), step(6, False, 1.0)]
+    disturbed_fail = step(5, False, 1.0).model_copy(update={"disturbed": ["other processes used 40%"]})
+    assert pass_fit.trials([*clean, disturbed_fail]) == pass_fit.trials(clean) == [(4, "pass"), (6, "fail")]
+    slo = {"tpot_p90_ms": 30.0}
+    with_noise = [s.model_copy(update={"tpot_ms": s.tpot_ms.model_copy(update={"p90": 10.0})}) for s in clean]
+    noisy = disturbed_fail.model_copy(update={"tpot_ms": disturbed_fail.tpot_ms.model_copy(update={"p90": 90.0})})
+    assert spread_of([*with_noise, noisy], slo) == spread_of(with_noise, slo)

@@ -29,7 +29,7 @@ def test_each_example_dry_runs_with_an_estimate_for_every_point(offline_hub, cap
     assert rc == 0, out
     lines = out.splitlines()
     assert lines[0].startswith(f"{points} points; server command: vllm serve")
-    commands, expected = lines[1::2], lines[2::2]
+    commands, expected = lines[1 : 1 + 2 * points : 2], lines[2 : 2 + 2 * points : 2]
     assert len(commands) == len(expected) == points
     for text in says:
         assert any(text in c for c in commands), text
@@ -43,5 +43,5 @@ def test_each_example_dry_runs_with_an_estimate_for_every_point(offline_hub, cap
 def test_the_l4_example_prunes_only_the_long_bf16_context(offline_hub, capsys, tmp_path):
     main(["sweep", "--config", str(ROOT / "examples" / "l4-llama-8b-fp8-kv.toml"), "--dry-run", "--request-duration-s", "20", "--output", str(tmp_path)])
     lines = capsys.readouterr().out.splitlines()
-    refused = [cmd for cmd, exp in zip(lines[1::2], lines[2::2]) if exp == "  expected to end at start-up: the estimate predicts it does not fit"]
+    refused = [cmd for cmd, exp in zip(lines[1:13:2], lines[2:13:2]) if exp == "  expected to end at start-up: the estimate predicts it does not fit"]
     assert [c.split(":")[0] for c in refused] == ["05-mml32768-kv_cache_dtypeauto"]

@@ -287,3 +287,24 @@ def test_intervals_verdicts_and_the_knee_in_the_report(tmp_path: Path) -> None:
     with (out / "summary.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert {r["confirmed"] for r in rows} == {"True"} and {r["knee_fail"] for r in rows} == {"24"}
+
+
+def test_a_lowest_fail_that_also_passed_is_said_so_and_the_band_is_shown(tmp_path: Path) -> None:
+    replay = _replay()
+    for s in replay.steps:
+        s.slo_verdict = "pass" if s.slo_pass else "fail"
+    at_24 = next(s for s in replay.steps if s.load.value == 24)
+    lucky = at_24.model_copy(deep=True)
+    lucky.slo_pass, lucky.slo_verdict = True, "pass"
+    replay.steps.append(lucky)
+    replay.confirmed, replay.knee_interval = True, [20, 24]
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "replay.json").write_text(replay.model_dump_json())
+    write_report(out)
+    rec = _section((out / "report.md").read_text(), "Recommendation")
+    assert "24 (lowest conclusive fail, though it also passed 1 of 2)" in rec
+    assert "- From every step: knee " in rec and "24 passed 1 of 2" in rec and "passed and failed at 24" in rec
+    with (out / "summary.csv").open(newline="") as f:
+        row = next(csv.DictReader(f))
+    assert (row["knee_fit"], row["knee_band_hi"], row["contested_concurrency"]) == ("20", "24", "24")

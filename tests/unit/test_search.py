@@ -7,12 +7,12 @@ from replay.search.policy import (
     Probe,
     bracket,
     is_confirmed,
-    isotonic,
     knee_interval,
     next_probe,
     predicted_knee,
     unresolved,
 )
+from replay.stats.isotonic import isotonic
 
 
 def run_search(threshold: int, *, start: int = 1, upper: int | None = None, precision: float = 0.05):
@@ -276,3 +276,19 @@ def test_steps_down_reach_any_knee_below_a_model_that_overshoots(knee):
     b = bracket(history)
     assert b.max_passing is not None and b.max_passing <= knee < b.min_failing
     assert b.min_failing - b.max_passing <= max(1, 0.05 * b.max_passing)
+
+
+def test_a_failed_confirmation_steps_one_precision_step_down_not_to_the_low_guess():
+    # The run 2: 52 passed, its repeat failed; the only other pass was the start-up's 26.
+    history = [Probe(59, "fail"), Probe(56, "fail"), Probe(52, "pass"), Probe(55, "fail"), Probe(53, "fail"),
+               Probe(52, "fail"), Probe(26, "pass")]  # fmt: skip
+    assert next_probe(history, confirm=True) == 49
+    # Once 49 is tried the search narrows as before.
+    assert next_probe([*history, Probe(49, "fail")], confirm=True) not in (None, 49)
+
+
+def test_below_a_disagreement_the_search_steps_down_by_precision_not_halving():
+    # 34 passed, then its confirmation and 33 did not; 31 was inconclusive with nothing passed
+    # below it: the steps disagree from 33 up, so 29 is next, not a halving to 15.
+    history = [Probe(40, "fail"), Probe(34, "pass"), Probe(34, "inconclusive"), Probe(33, "fail"), Probe(31, "inconclusive")]
+    assert next_probe(history, confirm=True) == 29

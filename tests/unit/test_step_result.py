@@ -6,6 +6,7 @@ from __future__ import annotations
 from replay.load.kinds import Concurrency, PoissonRate
 from replay.records import RequestRecord
 from replay.server.metrics import Sample
+from replay.stats.across_steps import Spread
 from replay.step.result import MetricSnapshots, StepRecords, client_finished, step_result
 
 
@@ -87,3 +88,38 @@ def test_the_client_counts_finished_requests_between_the_server_snapshots():
 def test_an_open_loop_reports_its_send_lag():
     result = step_result(records(steady(100), load=PoissonRate(5.0, 0), send_lags=[0.2] * 100), None, None)
     assert result.client.send_lag_p99_ms == 200.0 and result.client.client_limited
+
+
+def test_percentile_rules_are_judged_across_steps_with_the_spread():
+    # TPOT 20 ms on every request against 21: a pass on the step's own interval. With the point's
+    # between-step spread (replay.stats.across_steps), 20 is inside the margin: inconclusive.
+    slo = {"tpot_p50_ms": 21}
+    alone = step_result(records(steady(200)), None, slo)
+    assert alone.slo_verdicts["tpot_p50_ms"] == "pass"
+    assert set(alone.slo_ci95) == {"tpot_p50_ms"} and alone.slo_tau["tpot_p50_ms"] >= 1.0
+    assert alone.slo_margin_log_sd == {}
+    spread = Spread(log_sd={"tpot_p50_ms": 0.25})
+    widened = step_result(records(steady(200)), None, slo, spread=spread)
+    assert widened.slo_verdicts["tpot_p50_ms"] == "inconclusive" and widened.slo_verdict == "inconclusive"
+    assert widened.slo_margin_log_sd == {"tpot_p50_ms": 0.25}
+    lo, hi = widened.slo_ci95["tpot_p50_ms"]
+    assert lo < 20.0 / 1.5 and hi > 20.0 * 1.5
+
+
+def test_rules_over_a_maximum_are_judged_on_figures_of_any_length():
+    # 300 requests; the first 100 the figures count (after the steady-state rule) end before
+    # t = 22, and one preemption comes at t = 25, after them: outside the stated exposure.
+    samples = [
+        Sample(t_s=9.0, kv_cache_usage=0.5, running=4, waiting=0, preemptions=0),
+        Sample(t_s=24.0, kv_cache_usage=0.5, running=4, waiting=0, preemptions=0),
+        Sample(t_s=25.0, kv_cache_usage=0.99, running=4, waiting=0, preemptions=1),
+        Sample(t_s=29.0, kv_cache_usage=0.5, running=4, waiting=0, preemptions=1),
+    ]
+    metrics = MetricSnapshots(samples=samples, note=None, histograms={}, window=None)
+    result = step_result(
+        records(steady(300), close_s=30.0), metrics, {"max_preemptions": 0, "kv_cache_usage_max": 0.95}
+    )
+    assert result.preemptions_in_exposure == 0.0 and result.slo_verdicts["max_preemptions"] == "pass"
+    assert result.preemptions_per_request == 1 / result.requests_ok and result.preemptions_per_request_ci95[0] > 0
+    # One sample of three inside the window is above the bound: a third of its time, a fail.
+    assert abs(result.kv_cache_above_share - 1 / 3) < 1e-9 and result.slo_verdicts["kv_cache_usage_max"] == "fail"

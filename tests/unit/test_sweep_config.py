@@ -159,7 +159,18 @@ def test_dry_run_prints_the_grid_and_every_command_without_secrets(tmp_path, cap
     # Each command is followed by the point's expected duration: unknown without a previous run
     # or --request-duration-s.
     assert out[2] == "  expected duration unknown (give --request-duration-s, or run once into this output folder)"
-    assert len(out) == 9
+    # Then the speed classes and each point's class and bound (planner.sweep.dry_run).
+    assert out[9:12] == [
+        "speed classes: 1 (points that differ only in [sweep] memory_only_flags: gpu_memory_utilization,"
+        " kv_cache_memory_bytes, max_model_len, num_gpu_blocks_override, max_num_seqs)",
+        "  c1: every point: 4 points",
+        "strategy: exhaustive: every point is searched in full, in grid order ([sweep] strategy)",
+    ]
+    assert out[12] == (
+        "  01-mml2048-kv_cache_memory_bytes1M: class c1, upper bound unknown before start-up: read from the server at"
+        " start-up (give --request-duration-s for the estimate's)"
+    )
+    assert len(out) == 16
     assert "s3cret" not in "\n".join(out)
 
 

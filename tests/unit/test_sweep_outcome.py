@@ -1,5 +1,5 @@
 from planner.capacity import Failure
-from planner.sweep.outcome import choose_best, conclude, output_tokens_per_s_at, safe_concurrency
+from planner.sweep.outcome import choose_best, conclude, metrics_lost, output_tokens_per_s_at, safe_concurrency
 from planner.sweep.results import PointResult
 from replay.prefix.bound import concurrency_upper_bound, mean_blocks, request_blocks
 from replay.results import ClientSummary, LatencySummary, LoadSpec, ServerSummary, StepResult
@@ -102,3 +102,26 @@ def test_conclude_sets_safe_concurrency_per_gpu_and_tokens_per_gpu():
     assert r.gpus == 2 and r.safe_concurrency_per_gpu == 3.0
     # 6 lies between the passing steps at 4 (400 tok/s) and 8 (800): 600 tok/s, 300 per GPU.
     assert r.output_tokens_per_s_per_gpu == 300.0
+
+
+def _step(c: int, *, metrics: bool, unverified: tuple[str, ...] = ()) -> StepResult:
+    return step(c, True, 100.0).model_copy(
+        update={
+            "server": ServerSummary(metrics_available=metrics, metrics_note=None if metrics else "HTTP 404"),
+            "slo_unverified": list(unverified),
+        }
+    )
+
+
+def test_metrics_lost_mid_point_is_noted_and_names_the_slos_left_unchecked():
+    assert metrics_lost([_step(4, metrics=True), _step(8, metrics=True)]) is None
+    # A server that never had metrics lost nothing (the step says so itself).
+    assert metrics_lost([_step(4, metrics=False), _step(8, metrics=False)]) is None
+    note, unchecked = metrics_lost([_step(4, metrics=True), _step(8, metrics=False), _step(6, metrics=False)])
+    assert note == (
+        "metrics_lost: /metrics gave no vLLM metrics at 2 of 3 steps, from the step at concurrency 8 on (HTTP 404);"
+        " their server-side figures are unknown"
+    )
+    assert unchecked == [], "no SLO needed them: the point's verdict stands"
+    _, unchecked = metrics_lost([_step(4, metrics=True), _step(8, metrics=False, unverified=("max_preemptions",))])
+    assert unchecked == ["max_preemptions"]

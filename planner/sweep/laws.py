@@ -1,0 +1,136 @@
+"""A speed class's latency law, from one full search, and what it predicts for the class's other
+points.
+
+The law is read from the searched point's steps as the search itself reads them (replay.search.policy):
+each SLO rule's measured / bound against requests running, fitted by isotonic regression, and
+the crossing of 1. Its interval is what that search measured: the knee lies in
+[max_passing, min_failing), so under the class's assumption (planner.sweep.classes) any point of
+the class passes up to max_passing and fails from min_failing on, unless something of its own
+caps it lower. A point's prediction is then
+
+    min(latency knee, the point's KV ceiling, max_num_seqs, [replay] max_concurrency)
+
+with the interval carried through the same min. Pure functions; planner.sweep.adaptive acts on them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from planner.sweep.results import ClassLaw, KneePrediction, PointResult
+from replay.search.policy import bracket, isotonic, rule_crossing
+from replay.search.verdicts import concurrency_history
+
+
+# The rules a step's speed sets (replay.slo.rules' latency keys, the client's and the server's own);
+# server_queue_* is time spent waiting for a slot, which memory sets.
+_LATENCY_RULE = re.compile(r"^(server_)?(ttft|itl|tpot|e2e)_(mean|p50|p90|p95|p99|max)_ms$")
+
+
+def fit_law(result: PointResult, slo: dict[str, float], speed_class: str, *, max_num_seqs: int | None) -> ClassLaw:
+    """The law of `speed_class` from a searched point's steps. Its passes hold for the class; its
+    lowest failure only when it is the class's: a latency rule broke, with every request running
+    (at or below the point's `max_num_seqs`, when the SLOs see queueing). A failure on errors,
+    preemptions, the KV pool's use or waiting requests is this point's memory speaking, and one
+    above max_num_seqs may be queueing: the law then says nothing above its highest pass."""
+    probes = [p for p in concurrency_history(result.steps, slo) if p.informative]
+    b = bracket(probes)
+    min_failing = b.min_failing
+    if min_failing is not None:
+        broke = _violations_at(result, min_failing)
+        queued = max_num_seqs is not None and queueing_seen(slo) and min_failing > max_num_seqs
+        if queued or not broke or not all(_LATENCY_RULE.match(rule) for rule in broke):
+            min_failing = None
+    measured: dict[str, list[list[float]]] = {}
+    fitted: dict[str, list[list[float]]] = {}
+    crossings: dict[str, float | None] = {}
+    # Only the rules a step's speed sets: the KV pool's use is the point's memory, not the class's.
+    for rule in sorted({r for p in probes for r in p.ratios if _LATENCY_RULE.match(r)}):
+        by_c: dict[int, list[float]] = {}
+        for p in probes:
+            ratio = p.ratios.get(rule)
+            if ratio is not None and math.isfinite(ratio):
+                by_c.setdefault(p.concurrency, []).append(ratio)
+        xs = sorted(by_c)
+        means = [sum(by_c[x]) / len(by_c[x]) for x in xs]
+        fit = isotonic(means, [len(by_c[x]) for x in xs])
+        measured[rule] = [[x, round(r, 4)] for x in xs for r in by_c[x]]
+        fitted[rule] = [[x, round(f, 4)] for x, f in zip(xs, fit)]
+        crossing = rule_crossing(probes, rule)
+        crossings[rule] = None if crossing is None else round(crossing, 3)
+    crossed = [x for x in crossings.values() if x is not None]
+    knee = min(crossed) if crossed else None
+    return ClassLaw(
+        speed_class=speed_class,
+        from_point=result.id,
+        max_passing=b.max_passing,
+        min_failing=min_failing,
+        knee=knee,
+        measured=measured,
+        fitted=fitted,
+        crossings=crossings,
+    )
+
+
+def _violations_at(result: PointResult, concurrency: int) -> list[str]:
+    """The rules the failing steps at `concurrency` broke."""
+    broke: list[str] = []
+    for step in result.steps:
+        if step.load.mode == "concurrency" and int(step.load.value) == concurrency and not step.slo_pass:
+            broke += [v for v in step.slo_violations if v not in broke]
+    return broke
+
+
+def predict(
+    law: ClassLaw,
+    *,
+    kv_ceiling: int | None,
+    max_num_seqs: int | None,
+    max_concurrency: int | None,
+) -> KneePrediction | None:
+    """The point's max passing concurrency under the law, or None when the law cannot say: it
+    measured no pass, or it measured no failure and the point's caps leave room above its pass
+    (the law is unknown there)."""
+    if law.max_passing is None:
+        return None
+    lo = law.max_passing
+    hi = None if law.min_failing is None else law.min_failing - 1
+    caps = {
+        name: value
+        for name, value in (("kv_pool", kv_ceiling), ("max_num_seqs", max_num_seqs), ("max_concurrency", max_concurrency))
+        if value is not None
+    }
+    cap_name, cap = min(caps.items(), key=lambda kv: kv[1]) if caps else (None, None)
+    if hi is None and (cap is None or cap > lo):
+        return None
+    if cap is not None and cap <= lo:
+        # The point's own cap is below where the law still passes: the cap is its answer.
+        return _prediction(law, cap, [cap, cap], cap_name, kv_ceiling is not None)
+    top = hi if cap is None else min(hi, cap)
+    return _prediction(law, lo, [lo, top], "latency", kv_ceiling is not None)
+
+
+def _prediction(law: ClassLaw, concurrency: int, interval: list[int | None], limit: str | None, read: bool) -> KneePrediction:
+    return KneePrediction(
+        concurrency=concurrency,
+        interval=interval,
+        limit=limit or "latency",
+        speed_class=law.speed_class,
+        law_from=law.from_point,
+        kv_pool_read=read,
+    )
+
+
+def queueing_seen(slo: dict[str, float]) -> bool:
+    """Whether the SLOs would see requests that wait for a slot (a TTFT or end-to-end rule): only
+    then does max_num_seqs cap the concurrency that passes."""
+    waits = ("ttft_", "e2e_", "server_ttft_", "server_e2e_", "server_queue_", "max_waiting")
+    return any(key.startswith(waits) for key in slo)
+
+
+def safe_per_gpu(concurrency: int | None, headroom: float, gpus: int) -> float | None:
+    """The safe concurrency per GPU a max passing concurrency gives (planner.sweep.outcome's rule)."""
+    if concurrency is None:
+        return None
+    return round(math.floor(concurrency * (1 - headroom)) / gpus, 3)

@@ -1,0 +1,163 @@
+"""A knee read from all the steps of a point: the probability of passing against load.
+
+The search's answer is the highest load whose own step passed below the lowest failure, so one
+unlucky step moves it. Here every closed-loop step of the point counts. Each step is a trial at
+its load: a pass is 1; a fail or an inconclusive step (it did not pass) is 0; an inconclusive one
+weighs half, as it says less either way; an unresolved or disturbed one (no information) is left
+out. The pass fraction at each load is fitted by weighted isotonic regression, non-increasing in load
+(pool-adjacent-violators: the one assumption is that passing does not get likelier as load
+rises). Loads that the fit pools share their estimate and their evidence, and each estimate gets
+a Wilson 95% interval on the pooled weight.
+
+- `knee_fit`: the highest measured load whose fitted pass probability is at or above the level
+  ([replay] knee_pass_probability, default 0.9); None when none is.
+- `knee_band`: [the highest load at and below which every step passed, the highest load with a
+  pass]. Between them the steps disagree or fail; when they agree the band is one load wide.
+- `contested`: loads that both passed and did not pass. They are shown, never hidden: a load
+  that failed once and passed once is not "the lowest conclusive fail" without its pass.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from replay.results import PassPoint, StepResult
+from replay.slo import rules as slo_mod
+from replay.stats.intervals import Z_975
+from replay.stats.isotonic import isotonic
+
+DEFAULT_LEVEL = 0.9
+INCONCLUSIVE_WEIGHT = 0.5
+# A rule whose figure stays within this share of its bound over two or more measured loads in a
+# row, up to the highest, has little margin: its verdicts there are close to coin tosses.
+LITTLE_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class KneeFit:
+    points: list[PassPoint]
+    knee_fit: int | None
+    knee_band: list[int | None]
+    contested: list[int]
+    level: float
+
+
+def wilson(p: float, n: float) -> tuple[float, float]:
+    if n <= 0:
+        return 0.0, 1.0
+    z2 = Z_975**2
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z_975 * math.sqrt(max(0.0, p * (1 - p) / n + z2 / (4 * n * n))) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def trials(steps: Sequence[StepResult]) -> list[tuple[int, str]]:
+    """(concurrency, verdict) of every informative closed-loop step, in order; a step without a
+    verdict (an older file) counts by slo_pass."""
+    out = []
+    for s in steps:
+        if s.load.mode != "concurrency":
+            continue
+        verdict = s.slo_verdict or ("pass" if s.slo_pass else "fail")
+        # Unresolved and disturbed steps (replay.step.environment) carry no information.
+        if verdict != "unresolved" and not s.disturbed:
+            out.append((int(s.load.value), verdict))
+    return out
+
+
+def fit(steps: Sequence[StepResult], level: float = DEFAULT_LEVEL) -> KneeFit:
+    return fit_trials(trials(steps), level)
+
+
+def fit_trials(verdicts: Sequence[tuple[int, str]], level: float = DEFAULT_LEVEL) -> KneeFit:
+    if not 0 < level < 1:
+        raise ValueError(f"pass probability level {level!r} must be between 0 and 1")
+    loads = sorted({c for c, _ in verdicts})
+    if not loads:
+        return KneeFit([], None, [None, None], [], level)
+    weight = {c: 0.0 for c in loads}
+    passed = {c: 0.0 for c in loads}
+    counts = {c: [0, 0] for c in loads}  # passes, steps
+    for c, v in verdicts:
+        w = INCONCLUSIVE_WEIGHT if v == "inconclusive" else 1.0
+        weight[c] += w
+        passed[c] += w if v == "pass" else 0.0
+        counts[c][0] += v == "pass"
+        counts[c][1] += 1
+    # Non-increasing in load: fit the non-decreasing sequence of failure fractions.
+    failing = isotonic([1.0 - passed[c] / weight[c] for c in loads], [weight[c] for c in loads])
+    probability = [1.0 - f for f in failing]
+    points = []
+    for i, c in enumerate(loads):
+        pooled = sum(weight[x] for j, x in enumerate(loads) if abs(probability[j] - probability[i]) < 1e-12)
+        lo, hi = wilson(probability[i], pooled)
+        points.append(
+            PassPoint(
+                concurrency=c, passes=counts[c][0], steps=counts[c][1],
+                probability=round(probability[i], 4), ci95=[round(lo, 4), round(hi, 4)],
+            )
+        )  # fmt: skip
+    at_level = [c for c, p in zip(loads, probability) if p >= level - 1e-12]
+    contested = [c for c in loads if 0 < counts[c][0] < counts[c][1]]
+    all_pass = None
+    for c in loads:
+        if counts[c][0] != counts[c][1]:
+            break
+        all_pass = c
+    any_pass = max((c for c in loads if counts[c][0]), default=None)
+    return KneeFit(points, max(at_level) if at_level else None, [all_pass, any_pass], contested, level)
+
+
+def describe(fit: KneeFit) -> str | None:
+    """One line for a report: "knee 43-52: 43 passed 2 of 2, 48 1 of 2; 0.9 pass probability up
+    to 43"; None without steps."""
+    if not fit.points:
+        return None
+    lo, hi = fit.knee_band
+    shown = [p for p in fit.points if (lo is None or p.concurrency >= lo) and (hi is None or p.concurrency <= hi)]
+    parts = ", ".join(f"{p.concurrency} passed {p.passes} of {p.steps}" for p in shown) or "no load passed"
+    band = f"{lo if lo is not None else '-'}-{hi if hi is not None else '-'}"
+    answer = (
+        f"{fit.knee_fit} has pass probability >= {fit.level:g}" if fit.knee_fit is not None
+        else f"no load reached pass probability {fit.level:g}"
+    )
+    contested = f"; passed and failed at {', '.join(map(str, fit.contested))}" if fit.contested else ""
+    return f"knee {band}: {parts}; {answer}{contested}"
+
+
+def little_margin(steps: Sequence[StepResult], slo: Mapping[str, float]) -> list[str]:
+    """Rules whose figure stays within `LITTLE_MARGIN` of its bound from some load up to the
+    highest measured: "tpot_p90_ms 27-30 against 30 from 45 up (4 loads): little margin". The
+    figure per load is the median over its steps (replay.slo.rules.ratios: measured / bound)."""
+    by_rule: dict[str, dict[int, list[float]]] = {}
+    for s in steps:
+        if s.load.mode != "concurrency" or s.slo_verdict == "unresolved" or s.disturbed:
+            continue
+        for rule, ratio in slo_mod.ratios(s, slo).items():
+            by_rule.setdefault(rule, {}).setdefault(int(s.load.value), []).append(ratio)
+    out = []
+    for rule, loads in by_rule.items():
+        xs = sorted(loads)
+        medians = [statistics.median(loads[x]) for x in xs]
+        run = 0
+        for m in reversed(medians):
+            if abs(m - 1.0) > LITTLE_MARGIN:
+                break
+            run += 1
+        if run < 2:
+            continue
+        tail = [r for x in xs[-run:] for r in loads[x]]
+        bound = slo[rule]
+        if rule == slo_mod.ATTAINMENT_KEY:
+            out.append(
+                f"{rule} within {LITTLE_MARGIN:.0%} of its bound from {xs[-run]} up ({run} loads): little margin"
+            )
+            continue
+        out.append(
+            f"{rule} {min(tail) * bound:.3g}-{max(tail) * bound:.3g} against {bound:g} from {xs[-run]} up"
+            f" ({run} loads): little margin"
+        )
+    return out

@@ -1,0 +1,138 @@
+"""Rules over a maximum, judged the same at any window length.
+
+`max_preemptions` and `kv_cache_usage_max` bounded the worst moment of a window. A longer window
+is more likely to meet that moment, so one load passed on a long step and failed on a short one
+(or the other way round). Here each is judged on a figure whose meaning does not depend on the
+window's length:
+
+- **max_preemptions = 0** keeps its strict meaning over a stated minimum observation, the same for
+  every step: no preemption while the window's first `EXPOSURE_REQUESTS` measured requests ran
+  (from the window's open to the end of the last of them, in arrival order; vLLM's counter is
+  read at the first scrape after that end, so the span is up to one scrape interval longer).
+  Preemptions after that exposure are counted in the rate, not in this rule.
+- **max_preemptions = N > 0** is a rate: at most N preemptions per `EXPOSURE_REQUESTS` requests.
+  The window's preemptions per measured request get an exact Poisson 95% interval (Garwood); the
+  rule passes when the whole interval is at or below N / EXPOSURE_REQUESTS, fails when it is
+  wholly above, and is inconclusive otherwise (so a rate bound needs enough requests: with no
+  preemption at all, 3.7 / rate of them).
+- **kv_cache_usage_max = b** bounds the share of the window's time above b: the share of vLLM's
+  KV-cache usage samples inside the window above b must be at most `KV_ABOVE_SHARE_LIMIT`.
+  Samples come at the scrape interval, so the share is a time share. A brief peak above b no
+  longer fails a window; a cache that sits full does, at any length.
+
+A result without these figures (an older file, a server without metrics) is judged as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from replay.records import RequestRecord
+from replay.results import StepResult, Verdict
+from replay.server.metrics import Sample
+
+# The stated minimum observation of `max_preemptions`: the floor on a window's measured requests.
+EXPOSURE_REQUESTS = 100
+# A window may spend at most this share of its time with the KV cache above kv_cache_usage_max.
+KV_ABOVE_SHARE_LIMIT = 0.05
+_ALPHA_SIDE = 0.025
+
+
+def _poisson_cdf(k: int, lam: float) -> float:
+    """P(X <= k), X ~ Poisson(lam)."""
+    if lam <= 0:
+        return 1.0
+    term = math.exp(-lam)
+    total = term
+    for i in range(1, k + 1):
+        term *= lam / i
+        total += term
+    return min(1.0, total)
+
+
+def poisson_interval(count: int) -> tuple[float, float]:
+    """Exact (Garwood) 95% interval of a Poisson mean from one count, by bisection."""
+
+    def solve(target: float, k: int) -> float:
+        lo, hi = 0.0, max(10.0, 4.0 * (k + 1))
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            if _poisson_cdf(k, mid) > target:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    lower = 0.0 if count == 0 else solve(1 - _ALPHA_SIDE, count - 1)
+    return lower, solve(_ALPHA_SIDE, count)
+
+
+def preemptions_within(
+    samples: Sequence[Sample], open_s: float, measured: Sequence[RequestRecord], exposure: int = EXPOSURE_REQUESTS
+) -> float | None:
+    """Preemptions from the window's open until the first `exposure` measured requests (arrival
+    order) had ended; None without the counter."""
+    counted = [s for s in samples if s.preemptions is not None]
+    before = [s for s in counted if s.t_s <= open_s]
+    if not before or not measured:
+        return None
+    first = sorted(measured, key=lambda r: r.send_s)[:exposure]
+    until = max(r.end_s for r in first)
+    after = [s for s in counted if s.t_s >= until]
+    last = after[0] if after else counted[-1]
+    return max(0.0, float(last.preemptions) - float(before[-1].preemptions))
+
+
+def kv_share_above(samples: Sequence[Sample], open_s: float, close_s: float, bound: float) -> float | None:
+    """The share of KV-cache usage samples inside the window above `bound`; None without any."""
+    usage = [s.kv_cache_usage for s in samples if open_s < s.t_s <= close_s and s.kv_cache_usage is not None]
+    if not usage:
+        return None
+    return sum(1 for u in usage if u > bound) / len(usage)
+
+
+def figures(
+    samples: Sequence[Sample],
+    open_s: float | None,
+    close_s: float | None,
+    measured: Sequence[RequestRecord],
+    step: StepResult,
+    slo: dict[str, float],
+) -> dict[str, object]:
+    """The StepResult fields these rules are judged on (empty when the SLOs set neither rule)."""
+    out: dict[str, object] = {}
+    if open_s is None or close_s is None:
+        return out
+    if "max_preemptions" in slo and step.server.preemptions is not None:
+        n = step.requests_ok + step.requests_failed
+        out["preemptions_in_exposure"] = preemptions_within(samples, open_s, measured)
+        if n:
+            lo, hi = poisson_interval(int(round(step.server.preemptions)))
+            out["preemptions_per_request"] = step.server.preemptions / n
+            out["preemptions_per_request_ci95"] = [lo / n, hi / n]
+    if "kv_cache_usage_max" in slo:
+        out["kv_cache_above_share"] = kv_share_above(samples, open_s, close_s, slo["kv_cache_usage_max"])
+    return out
+
+
+def verdict(step: StepResult, key: str, bound: float) -> Verdict | None:
+    """The rule's verdict on the length-independent figure; None when the step lacks it (judged
+    as before, on the window's count or peak)."""
+    if key == "max_preemptions":
+        if bound == 0:
+            if step.preemptions_in_exposure is None:
+                return None
+            return "pass" if step.preemptions_in_exposure == 0 else "fail"
+        ci = step.preemptions_per_request_ci95
+        if ci is None:
+            return None
+        limit = bound / EXPOSURE_REQUESTS
+        if ci[1] <= limit:
+            return "pass"
+        return "fail" if ci[0] > limit else "inconclusive"
+    if key == "kv_cache_usage_max":
+        if step.kv_cache_above_share is None:
+            return None
+        return "pass" if step.kv_cache_above_share <= KV_ABOVE_SHARE_LIMIT else "fail"
+    return None

@@ -1,0 +1,224 @@
+"""Intervals that hold across steps: the variance one step's own interval leaves out.
+
+replay.stats.intervals shrinks a step's n requests to n / tau, with tau read from the step's own series
+(Geyer's initial positive sequence). Measured again at the same load, steps differ by more than
+that interval says, for two reasons this module corrects (the method is named *floored tau with
+a between-step margin* in the docs, docs/concepts/repeatability.md):
+
+1. **tau is underestimated on short windows.** On 50-100 strongly correlated requests the
+   autocorrelation sum is cut early (lags up to n / 4, stopped at the first non-positive one), so
+   tau comes out low and the interval too narrow. The tau a percentile rule is judged with is the
+   largest of three estimates: Geyer's on the rule's indicator series; batch means over
+   `BATCHES` consecutive sub-windows of the step (tau = batch size x variance of the batch means
+   / variance of the series), which sees correlation that the truncated sum misses, taken only
+   where it exceeds what independent requests give in 95% of windows; and the tau
+   pooled over the point's earlier steps for the same rule (weighted by their requests), since
+   the correlation is the server's and the corpus's, not one window's.
+2. **A step cannot see what it shares.** A factor common to every request of a step (the
+   server's state when the step began, what the previous step left in its caches, which prompts
+   the step drew) moves the whole window's figures together; no within-step estimate shows it.
+   The point's steps do: repeated or out-of-order steps scatter around the monotone fit of the
+   figure's log against load. The between-step standard deviation of the log figure is that
+   scatter's variance less the steps' own (from their within-step intervals), pooled over the
+   point; each interval is widened by z x that on the log scale (a multiplicative margin), and a
+   percentile passes only when it clears `bound x exp(-z x sd)` on the order-statistic test, and
+   fails only when it breaks `bound x exp(+z x sd)`. Until the point has a repeated or
+   out-of-order step there is no scatter to read and the margin is zero; it is at most
+   `MAX_LOG_SD` (a factor of 1.63), past which the steps near the bound are coin tosses that
+   the pass-probability fit (replay.search.pass_fit) reports.
+
+Both apply to the figure's interval (`StepResult.slo_ci95`) and to the exceedance count behind
+the verdict (how many requests met the bound, tested against the binomial order-statistic
+ranks): a percentile verdict is conclusive only on the widened interval.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from replay.results import StepResult
+from replay.stats import intervals
+from replay.stats.isotonic import isotonic
+
+# Consecutive sub-windows for the batch-means tau: ten, as replay.stats.intervals' rate intervals use.
+BATCHES = 10
+# Fewer requests than this per batch say nothing about correlation: no batch-means estimate.
+MIN_BATCH = 3
+# On independent requests the batch-means ratio is chi-square with 9 degrees of freedom over 9:
+# above its 95% point (16.919 / 9) it shows correlation; below it, it is read as noise, so
+# independent windows are not made dearer in 19 of 20 cases.
+BATCH_SIGNIFICANT = 16.918977604620448 / 9
+# The largest between-step sd of a figure's log the margin takes (a factor of exp(1.96 x 0.25) =
+# 1.63 each side). One pair of steps that read 4 and 40 ms at one load (a server that changed
+# between them) would otherwise make every later verdict inconclusive at any load; past this
+# spread a point's steps are coin tosses near the bound, and the pass-probability fit
+# (replay.search.pass_fit), not the margin, says so.
+MAX_LOG_SD = 0.25
+_PERCENTILE_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p95|p99)_ms$")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """What a point's earlier steps say about the variance one step cannot see, per SLO rule."""
+
+    # Rule -> tau pooled over the earlier steps (a floor for this step's own).
+    tau: Mapping[str, float] = field(default_factory=dict)
+    # Rule -> between-step standard deviation of the figure's natural log.
+    log_sd: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A percentile rule judged across steps: +1 shown within the bound, -1 shown above, 0 not
+    shown either way; the widened 95% interval; the tau and margin it was judged with, and the
+    step's own tau (Geyer's or batch means', the larger, on the quantile's indicator series:
+    what the point's later steps pool, never floored by earlier ones, so the pool cannot ratchet)."""
+
+    sign: int
+    ci95: tuple[float | None, float | None]
+    tau: float
+    log_sd: float
+    own_tau: float = 1.0
+
+
+def percentile_rule(key: str) -> tuple[str, float] | None:
+    """(metric, quantile) of a client percentile rule such as `tpot_p90_ms`, else None."""
+    match = _PERCENTILE_KEY.match(key)
+    return None if match is None else (match.group(1), intervals.QUANTILES[match.group(2)])
+
+
+def batch_tau(series: Sequence[float] | np.ndarray, batches: int = BATCHES) -> float:
+    """tau from the variance of `batches` consecutive batch means (>= 1; 1 on too few values)."""
+    arr = np.asarray(series, dtype=float)
+    size = arr.size // batches
+    if size < MIN_BATCH:
+        return 1.0
+    var = float(arr[: size * batches].var())
+    if var <= 0:
+        return 1.0
+    means = arr[: size * batches].reshape(batches, size).mean(axis=1)
+    return max(1.0, size * float(means.var(ddof=1)) / var)
+
+
+def step_tau(indicator: Sequence[float] | np.ndarray, floor: float = 1.0) -> float:
+    """The largest of Geyer's tau, the batch-means tau (where it shows correlation beyond
+    chance, `BATCH_SIGNIFICANT`) and `floor` (the point's pooled tau)."""
+    arr = np.asarray(indicator, dtype=float)
+    batches = batch_tau(arr)
+    return max(intervals.autocorrelation_time(arr), batches if batches > BATCH_SIGNIFICANT else 1.0, floor, 1.0)
+
+
+def _count_sign(arr: np.ndarray, q: float, bound: float, tau_floor: float) -> tuple[int, float]:
+    """replay.stats.intervals.quantile_versus_bound's test with the floored tau: +1 when at least the
+    upper rank's count of values is at or below `bound`, -1 when fewer than the lower rank's."""
+    n = arr.size
+    hits = arr <= bound
+    tau = step_tau(hits.astype(float), tau_floor)
+    n_eff = intervals.effective_size(n, tau)
+    lo_rank, hi_rank = intervals.order_statistic_ranks(n_eff, q)
+    count = int(hits.sum())
+    if hi_rank is not None and count >= min(n, math.ceil(hi_rank * n / n_eff)):
+        return 1, tau
+    if lo_rank is not None and count < max(1, math.floor(lo_rank * n / n_eff)):
+        return -1, tau
+    return 0, tau
+
+
+def quantile_check(
+    values: Sequence[float] | np.ndarray, q: float, bound: float, *, tau_floor: float = 1.0, log_sd: float = 0.0
+) -> Check:
+    """The q-quantile of a step's series (arrival order) against an upper `bound`, across steps."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        return Check(-1, (None, None), 1.0, log_sd)
+    margin = math.exp(intervals.Z_975 * log_sd)
+    passes, tau_pass = _count_sign(arr, q, bound / margin, tau_floor)
+    fails, tau_fail = _count_sign(arr, q, bound * margin, tau_floor)
+    sign = 1 if passes == 1 else (-1 if fails == -1 else 0)
+    own_tau = step_tau((arr <= np.quantile(arr, q)).astype(float))
+    estimate_tau = max(own_tau, tau_floor)
+    lo, hi = intervals.quantile_interval(arr, q, tau=estimate_tau)
+    ci = (None if lo is None else lo / margin, None if hi is None else hi * margin)
+    return Check(sign, ci, max(tau_pass, tau_fail, estimate_tau), log_sd, own_tau)
+
+
+def checks(
+    slo: Mapping[str, float], samples: Mapping[str, Sequence[float]], spread: Spread | None = None
+) -> dict[str, Check]:
+    """Every client percentile rule of `slo` judged on `samples` (metric -> values)."""
+    spread = spread or Spread()
+    out: dict[str, Check] = {}
+    for key, bound in slo.items():
+        rule = percentile_rule(key)
+        if rule is None or rule[0] not in samples:
+            continue
+        out[key] = quantile_check(
+            samples[rule[0]], rule[1], bound, tau_floor=spread.tau.get(key, 1.0), log_sd=spread.log_sd.get(key, 0.0)
+        )
+    return out
+
+
+def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float]) -> Spread:
+    """The pooled tau and the between-step log sd of each percentile rule over a point's
+    closed-loop steps (see the module docstring)."""
+    # A disturbed step (replay.step.environment) measured something else too: left out like an
+    # unresolved one.
+    closed = [
+        s for s in steps if s.load.mode == "concurrency" and s.slo_verdict != "unresolved" and not s.disturbed
+    ]
+    taus: dict[str, float] = {}
+    sds: dict[str, float] = {}
+    for key in slo:
+        rule = percentile_rule(key)
+        if rule is None:
+            continue
+        weighted = [(s.requests_ok, s.slo_tau[key]) for s in closed if key in s.slo_tau and s.requests_ok]
+        if weighted:
+            taus[key] = sum(n * t for n, t in weighted) / sum(n for n, _ in weighted)
+        sd = min(between_step_log_sd(closed, key), MAX_LOG_SD)
+        if sd > 0:
+            sds[key] = sd
+    return Spread(tau=taus, log_sd=sds)
+
+
+def between_step_log_sd(steps: Sequence[StepResult], key: str) -> float:
+    """The scatter of the rule's log figure around its monotone (non-decreasing) fit against load,
+    less the steps' own variance; 0 where no step scatters (every load measured once, in order)."""
+    rule = percentile_rule(key)
+    if rule is None:
+        return 0.0
+    metric, stat = key.split("_")[0], key.split("_")[1]
+    points: list[tuple[float, float, float | None]] = []  # load, log figure, within variance
+    for s in steps:
+        summary = getattr(s, f"{metric}_ms")
+        value = getattr(summary, stat)
+        if value is None or value <= 0:
+            continue
+        ci = (summary.ci95 or {}).get(stat)
+        within = None
+        if ci is not None and ci[0] is not None and ci[1] is not None and ci[0] > 0:
+            within = ((math.log(ci[1]) - math.log(ci[0])) / (2 * intervals.Z_975)) ** 2
+        points.append((s.load.value, math.log(value), within))
+    return log_scatter(points)
+
+
+def log_scatter(points: Sequence[tuple[float, float, float | None]]) -> float:
+    """From (load, log figure, within-step variance or None) per step: the between-step standard
+    deviation, the residual variance around the monotone fit (its degrees of freedom: steps less
+    fitted levels) less the mean within-step variance, floored at 0."""
+    loads = sorted({x for x, _, _ in points})
+    by_load = {x: [y for x2, y, _ in points if x2 == x] for x in loads}
+    fitted = dict(zip(loads, isotonic([float(np.mean(by_load[x])) for x in loads], [len(by_load[x]) for x in loads])))
+    blocks = len(set(fitted.values()))
+    dof = len(points) - blocks
+    if dof < 1:
+        return 0.0
+    rss = sum((y - fitted[x]) ** 2 for x, y, _ in points)
+    withins = [w for _, _, w in points if w is not None]
+    own = float(np.mean(withins)) if withins else 0.0
+    return math.sqrt(max(0.0, rss / dof - own))

@@ -1,0 +1,146 @@
+"""Intervals across steps (replay.stats.across_steps): where a step's own interval loses coverage over
+repeated steps at one load, and the floored tau with a between-step margin that holds it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from replay.stats import intervals
+from replay.stats.across_steps import Spread, batch_tau, checks, log_scatter, quantile_check, step_tau
+
+
+def _ar1(rng: np.random.Generator, n: int, phi: float) -> np.ndarray:
+    x = np.empty(n)
+    x[0] = rng.normal()
+    shocks = rng.normal(size=n) * math.sqrt(1 - phi**2)
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + shocks[i]
+    return x
+
+
+def _covers(bounds: tuple[float | None, float | None] | list[float | None], value: float) -> bool:
+    lo, hi = bounds
+    return (lo is None or lo <= value) and (hi is None or value <= hi)
+
+
+def test_short_strongly_correlated_windows_lose_coverage_and_a_pooled_tau_holds_it() -> None:
+    # 300 steps of 200 requests whose latencies follow an AR(1) with phi 0.95 (tau 39): each step
+    # reads its own tau far too low. The median's interval, judged against the known median.
+    rng = np.random.default_rng(7)
+    truth = math.exp(0.0)
+    today = held = 0
+    taus: list[float] = []
+    steps = 300
+    for _ in range(steps):
+        series = np.exp(0.3 * _ar1(rng, 200, 0.95))
+        today += _covers(intervals.quantile_interval(series, 0.5), truth)
+        floor = float(np.mean(taus[-8:])) if taus else 1.0  # the point's earlier steps, pooled
+        held += _covers(quantile_check(series, 0.5, 1e9, tau_floor=floor).ci95, truth)
+        taus.append(quantile_check(series, 0.5, 1e9).own_tau)
+    assert today / steps < 0.90
+    assert held / steps >= 0.90
+
+
+def test_a_factor_shared_by_a_steps_requests_is_invisible_inside_it_and_the_margin_holds() -> None:
+    # Each step's requests share one lognormal factor (sd 0.2 on the log scale) drawn anew per
+    # step; within a step they are independent. Coverage of the pooled p90 over 300 steps.
+    rng = np.random.default_rng(1)
+    steps, n, q = 300, 100, 0.9
+    factors = np.exp(rng.normal(0.0, 0.2, steps))
+    series = [np.exp(rng.normal(0.0, 0.3, n)) * factors[i] for i in range(steps)]
+    pooled = float(np.quantile(np.concatenate(series), q))
+    today = held = 0
+    earlier: list[tuple[float, float, float | None]] = []
+    for s in series:
+        lo, hi = intervals.quantile_interval(s, q)
+        today += _covers((lo, hi), pooled)
+        # The point's earlier steps at this load: their scatter is the between-step spread.
+        sd = log_scatter(earlier[-5:]) if len(earlier) >= 2 else 0.0
+        held += _covers(quantile_check(s, q, 1e9, log_sd=sd).ci95, pooled)
+        within = None if lo is None or hi is None else ((math.log(hi) - math.log(lo)) / (2 * intervals.Z_975)) ** 2
+        earlier.append((32.0, math.log(float(np.quantile(s, q))), within))
+    assert today / steps < 0.6
+    assert held / steps >= 0.90
+
+
+def test_batch_tau_sees_correlation_and_is_one_on_independent_or_short_series() -> None:
+    rng = np.random.default_rng(3)
+    assert batch_tau(rng.normal(size=20)) == 1.0  # two per batch: too few
+    assert batch_tau(_ar1(rng, 400, 0.9)) > 5
+    independent = [batch_tau(rng.normal(size=400)) for _ in range(200)]
+    assert 0.8 < float(np.mean(independent)) < 1.4
+    # Independent windows are rarely made dearer: batch means count only beyond chance.
+    windows = [rng.normal(size=400) > 0 for _ in range(200)]
+    geyer = float(np.mean([intervals.autocorrelation_time(w.astype(float)) for w in windows]))
+    assert float(np.mean([step_tau(w) for w in windows])) < geyer + 0.05
+    # The judged tau is never below the floor the point's steps give.
+    assert step_tau(rng.normal(size=100), floor=6.0) >= 6.0
+
+
+def test_the_margin_turns_a_narrow_pass_into_inconclusive_but_keeps_a_clear_one() -> None:
+    rng = np.random.default_rng(5)
+    sample = np.exp(rng.normal(0.0, 0.2, 400))
+    p90 = float(np.quantile(sample, 0.9))
+    # 8% above the estimate: a pass on the step alone; with a between-step sd of 0.1 (a 22%
+    # margin at 95%) it is not shown.
+    assert quantile_check(sample, 0.9, p90 * 1.08).sign == 1
+    assert quantile_check(sample, 0.9, p90 * 1.08, log_sd=0.1).sign == 0
+    assert quantile_check(sample, 0.9, p90 * 2.0, log_sd=0.1).sign == 1
+    assert quantile_check(sample, 0.9, p90 / 2.0, log_sd=0.1).sign == -1
+    wide = quantile_check(sample, 0.9, 1e9, log_sd=0.1).ci95
+    narrow = quantile_check(sample, 0.9, 1e9).ci95
+    assert wide[0] < narrow[0] and wide[1] > narrow[1]
+
+
+def test_log_scatter_reads_spread_only_from_repeated_or_out_of_order_steps() -> None:
+    # Every load once, rising: nothing scatters.
+    assert log_scatter([(10, 0.0, None), (20, 0.1, None), (30, 0.3, None)]) == 0.0
+    # A load measured twice, 0.4 apart on the log scale.
+    assert log_scatter([(10, 0.0, None), (20, 0.1, None), (20, 0.5, None)]) > 0.2
+    # The steps' own variance is taken off what scatters.
+    assert log_scatter([(20, 0.1, 0.1), (20, 0.5, 0.1)]) == 0.0
+    # A higher load that read lower: out of order, so it scatters too.
+    assert log_scatter([(10, 0.5, None), (20, 0.1, None)]) > 0.2
+
+
+def test_checks_judge_client_percentile_rules_only() -> None:
+    rng = np.random.default_rng(2)
+    samples = {"tpot": np.exp(rng.normal(3.0, 0.1, 200))}
+    out = checks({"tpot_p90_ms": 40.0, "tpot_mean_ms": 40.0, "ttft_p90_ms": 100.0}, samples, Spread())
+    assert list(out) == ["tpot_p90_ms"] and out["tpot_p90_ms"].sign == 1
+
+
+def test_spread_of_pools_the_points_steps() -> None:
+    from replay.stats.across_steps import spread_of
+    from replay.results import LatencySummary, LoadSpec
+    from tests.fakes.results import make_step
+
+    def step(c: int, p90: float, tau: float, verdict: str = "pass"):
+        return make_step(
+            load=LoadSpec(mode="concurrency", value=c), requests_ok=100, slo_verdict=verdict, slo_tau={"tpot_p90_ms": tau},
+            tpot_ms=LatencySummary(p90=p90, ci95={"p90": [p90 * 0.98, p90 * 1.02]}),
+        )
+
+    slo_ = {"tpot_p90_ms": 30.0, "error_rate": 0.0}
+    # Every load once, rising: the taus pool, nothing scatters.
+    first = spread_of([step(10, 10.0, 2.0), step(20, 20.0, 4.0)], slo_)
+    assert first.tau == {"tpot_p90_ms": 3.0} and first.log_sd == {}
+    # 48 read 19.5 and 30.0 ms on two steps (the issue's run 2): a between-step spread appears.
+    second = spread_of([step(40, 18.0, 2.0), step(48, 19.5, 2.0), step(48, 30.0, 2.0, "fail")], slo_)
+    assert second.log_sd["tpot_p90_ms"] > 0.2
+    # An unresolved step says nothing.
+    assert spread_of([step(48, 19.5, 2.0), step(48, 30.0, 9.0, "unresolved")], slo_).tau == {"tpot_p90_ms": 2.0}
+
+
+def test_the_margin_is_capped_so_one_wild_pair_does_not_stop_every_verdict() -> None:
+    from replay.stats.across_steps import MAX_LOG_SD, spread_of
+    from replay.results import LatencySummary, LoadSpec
+    from tests.fakes.results import make_step
+
+    steps = [
+        make_step(load=LoadSpec(mode="concurrency", value=10), slo_verdict=v, tpot_ms=LatencySummary(p90=p90))
+        for v, p90 in (("pass", 4.0), ("fail", 40.0))
+    ]
+    assert spread_of(steps, {"tpot_p90_ms": 20.0}).log_sd == {"tpot_p90_ms": MAX_LOG_SD}

@@ -1,0 +1,76 @@
+"""Rules over a maximum judged the same at any window length (replay.slo.max_rules)."""
+
+from __future__ import annotations
+
+import pytest
+
+from replay.results import ServerSummary
+from replay.server.metrics import Sample
+from replay.slo import max_rules
+from replay.slo import rules as slo
+from tests.fakes.results import make_step
+
+
+def _sample(t: float, preemptions: float, kv: float = 0.5) -> Sample:
+    return Sample(t_s=t, kv_cache_usage=kv, running=1, waiting=0, preemptions=preemptions)
+
+
+def _records(n: int, start: float = 0.0):
+    from replay.records import RequestRecord
+
+    return [RequestRecord(request_id=str(i), send_s=start + i, end_s=start + i + 1.0) for i in range(n)]
+
+
+def test_poisson_interval_is_garwoods():
+    assert max_rules.poisson_interval(0) == pytest.approx((0.0, 3.6889), abs=1e-3)
+    lo, hi = max_rules.poisson_interval(5)
+    assert lo == pytest.approx(1.6235, abs=1e-3) and hi == pytest.approx(11.6683, abs=1e-3)
+
+
+def test_a_preemption_after_the_exposure_does_not_fail_the_strict_rule():
+    # Window opens at 0; 300 requests end at 1..300; the 100th ends at 100. One preemption at 250.
+    samples = [_sample(t, 0.0 if t < 250 else 1.0) for t in range(-1, 310, 10)]
+    assert max_rules.preemptions_within(samples, 0.0, _records(300)) == 0.0
+    # Within the first 100 requests it counts.
+    samples = [_sample(t, 0.0 if t < 50 else 1.0) for t in range(-1, 310, 10)]
+    assert max_rules.preemptions_within(samples, 0.0, _records(300)) == 1.0
+
+
+def test_one_load_long_or_short_is_judged_the_same():
+    # The issue's 48: one preemption late in a 219-request step, none in a 55-request one.
+    rule = {"max_preemptions": 0.0}
+    long = make_step(requests_ok=219, requests_failed=0, server=ServerSummary(metrics_available=True, preemptions=1.0),
+                     preemptions_in_exposure=0.0)
+    short = make_step(requests_ok=55, requests_failed=0, server=ServerSummary(metrics_available=True, preemptions=0.0),
+                      preemptions_in_exposure=0.0)
+    assert slo.verdicts(long, rule)[0] == slo.verdicts(short, rule)[0] == {"max_preemptions": "pass"}
+    # Without the figure (an older file) the count is judged as before.
+    old = make_step(server=ServerSummary(metrics_available=True, preemptions=1.0))
+    assert slo.verdicts(old, rule)[0] == {"max_preemptions": "fail"}
+
+
+def test_a_preemption_bound_above_zero_is_a_rate_with_an_interval():
+    rule = {"max_preemptions": 1.0}  # one per 100 requests
+
+    def judged(preemptions: int, n: int) -> str:
+        ci = [x / n for x in max_rules.poisson_interval(preemptions)]
+        step = make_step(requests_ok=n, requests_failed=0, preemptions_per_request_ci95=ci,
+                         server=ServerSummary(metrics_available=True, preemptions=float(preemptions)))
+        return slo.verdicts(step, rule)[0]["max_preemptions"]
+
+    assert judged(0, 400) == "pass"  # upper bound 3.7 / 400 < 1 / 100
+    assert judged(0, 100) == "inconclusive"
+    assert judged(2, 400) == "inconclusive"
+    assert judged(12, 200) == "fail"  # 6% per request, lower bound 3.1%
+
+
+def test_kv_usage_is_the_share_of_the_window_above_the_bound():
+    samples = [_sample(t, 0.0, kv=0.99 if t == 5 else 0.5) for t in range(0, 41)]
+    share = max_rules.kv_share_above(samples, 0.0, 40.0, 0.95)
+    assert share == pytest.approx(1 / 40)
+    rule = {"kv_cache_usage_max": 0.95}
+    peak_only = make_step(server=ServerSummary(metrics_available=True, kv_cache_usage_peak=0.99), kv_cache_above_share=share)
+    assert slo.verdicts(peak_only, rule)[0] == {"kv_cache_usage_max": "pass"}
+    full = make_step(server=ServerSummary(metrics_available=True, kv_cache_usage_peak=0.99), kv_cache_above_share=0.3)
+    assert slo.verdicts(full, rule)[0] == {"kv_cache_usage_max": "fail"}
+    assert slo.evaluate(full, rule)[0] == ["kv_cache_usage_max"]
