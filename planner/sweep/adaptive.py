@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from planner.sweep.adaptive_point import interval_text
+from planner.sweep.adaptive_point import interval_text, mark_dominated
 from planner.sweep.classes import SpeedClass, class_of, speed_classes
 from planner.sweep.config import SweepSettings
 from planner.sweep.duration import mean_request_tokens
@@ -178,14 +178,11 @@ class AdaptivePlanner:
         beat, by = best.safe_concurrency_per_gpu, best.id
         cap = self.settings.replay.max_concurrency
         if cap is not None and (bound_safe := safe_per_gpu(cap, self.headroom, point.gpus) or 0.0) <= beat:
-            result.status = result.answer_source = "dominated"
-            result.dominance = Dominance(
-                by=by, by_safe_concurrency_per_gpu=beat, bound=cap, bound_source="max_concurrency",
-                bound_safe_concurrency_per_gpu=bound_safe,
-            )
-            result.answer_note = (
-                f"dominated by {by}: [replay] max_concurrency {cap} gives at most {bound_safe:g} safe per GPU,"
-                f" and {by} has {beat:g} confirmed"
+            mark_dominated(
+                result, Dominance(
+                    by=by, by_safe_concurrency_per_gpu=beat, bound=cap, bound_source="max_concurrency",
+                    bound_safe_concurrency_per_gpu=bound_safe,
+                ), f"[replay] max_concurrency {cap}",
             )
             return True
         law = self.laws.get(self.classes[point.id].id)

@@ -23,6 +23,16 @@ from replay.search.policy import bracket
 from replay.search.verdicts import concurrency_history, probe_of
 
 
+def mark_dominated(result: PointResult, dominance: Dominance, ceiling: str) -> None:
+    """Settle `result` as dominated: `ceiling` names what bounds it ("its KV ceiling of 59 requests")."""
+    result.status = result.answer_source = "dominated"
+    result.dominance = dominance
+    result.answer_note = (
+        f"dominated by {dominance.by}: {ceiling} gives at most {dominance.bound_safe_concurrency_per_gpu:g} safe"
+        f" per GPU, and {dominance.by} has {dominance.by_safe_concurrency_per_gpu:g} confirmed"
+    )
+
+
 def settled_by_bound(result: PointResult, upper: int, *, gpus: int, headroom: float) -> bool:
     """Whether the point ends here, unsearched: dominated by its own ceiling `upper`, or predicted
     by its class's law with that ceiling. Sets its status and says why."""
@@ -32,14 +42,11 @@ def settled_by_bound(result: PointResult, upper: int, *, gpus: int, headroom: fl
     beat, by = plan.beat_safe_concurrency_per_gpu, plan.beat_by or "-"
     ceiling_safe = safe_per_gpu(upper, headroom, gpus) or 0.0
     if beat is not None and ceiling_safe <= beat:
-        result.status = result.answer_source = "dominated"
-        result.dominance = Dominance(
-            by=by, by_safe_concurrency_per_gpu=beat, bound=upper, bound_source="server_kv_pool",
-            bound_safe_concurrency_per_gpu=ceiling_safe,
-        )
-        result.answer_note = (
-            f"dominated by {by}: its KV ceiling of {upper} requests gives at most {ceiling_safe:g} safe per GPU,"
-            f" and {by} has {beat:g} confirmed"
+        mark_dominated(
+            result, Dominance(
+                by=by, by_safe_concurrency_per_gpu=beat, bound=upper, bound_source="server_kv_pool",
+                bound_safe_concurrency_per_gpu=ceiling_safe,
+            ), f"its KV ceiling of {upper} requests",
         )
         return True
     if plan.law is None:
