@@ -95,8 +95,12 @@ class ServerSummary(ResultModel):
     window_sampled: bool = True
     # The highest vllm:kv_cache_usage_perc seen during the window (0-1).
     kv_cache_usage_peak: float | None = None
-    # The change in vllm:num_preemptions_total across the window.
+    # The change in vllm:num_preemptions_total across the window; null when the counter was not
+    # read at both of the window's edges (a scrape stalled on a busy server), never read as 0.
     preemptions: float | None = None
+    # When preemptions is null for that reason: the change between the reads that were made, a
+    # lower bound of the window's count (metrics_note says which part of the window they span).
+    preemptions_at_least: float | None = None
     # The most requests vLLM ran at once (vllm:num_requests_running).
     running_peak: float | None = None
     # The most requests waiting in vLLM's queue (vllm:num_requests_waiting).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,11 @@ from replay.step.environment import CpuProbe, EnvironmentWatch, WindowProbe
 from replay.step.observer import ReplayObserver
 from replay.step.run import run_step
 from replay.step.window import Window
+
+# How long the scrapes at the window's edges may take. The counters' changes across the window
+# (preemptions, vLLM's histograms) are read from them, and a server busy with a full batch on few
+# cores answers /metrics slowly: a periodic scrape may give up sooner, these should not.
+MARK_TIMEOUT_S = 30.0
 
 
 class StepMonitor(Protocol):
@@ -91,7 +97,8 @@ class Replay:
 
     async def step(self, load: Load, window: Window | None = None) -> StepResult:
         scraper = MetricsScraper(
-            self.client.metrics_text, interval_s=self.settings.metrics_interval_s, model=self.client.model
+            self.client.metrics_text, interval_s=self.settings.metrics_interval_s, model=self.client.model,
+            fetch_mark=functools.partial(self.client.metrics_text, timeout_s=MARK_TIMEOUT_S),
         )
         monitor = self.step_monitor() if self.step_monitor is not None else contextlib.nullcontext()
         probes = self.probes()

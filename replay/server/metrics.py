@@ -30,9 +30,16 @@ class Sample:
     running: float | None
     waiting: float | None
     preemptions: float | None
+    # When the scrape was sent (None: at t_s). The server read its figures between the two, so a
+    # scrape sent as the window closed speaks for its end however long a busy server took to answer.
+    sent_s: float | None = None
+
+    @property
+    def asked_s(self) -> float:
+        return self.t_s if self.sent_s is None else self.sent_s
 
 
-def parse_sample(text: str, t_s: float) -> Sample | None:
+def parse_sample(text: str, t_s: float, sent_s: float | None = None) -> Sample | None:
     """One scrape; None when the text carries no vLLM metric at all."""
     values: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
@@ -56,19 +63,25 @@ def parse_sample(text: str, t_s: float) -> Sample | None:
         running=pick(RUNNING, sum),
         waiting=pick(WAITING, sum),
         preemptions=pick(PREEMPTIONS, sum),
+        sent_s=sent_s,
     )
 
 
 def summarize(
-    samples: list[Sample], window_start_s: float, window_end_s: float, note: str | None, *, max_edge_gap_s: float | None = None
+    samples: list[Sample], window_start_s: float, window_end_s: float, note: str | None, *,
+    max_edge_gap_s: float | None = None, marks: tuple[float, float] | None = None,
 ) -> ServerSummary:
     """Peaks over the window; preemptions as the counter's change across it.
 
     The last sample before the window opens is the counter's baseline, so preemptions that
     happened during warm-up are not charged to the window. A sample outside the window counts
     only within `max_edge_gap_s` of its edge: the scrape before a long warm-up, or after the
-    drain, says nothing of the window. When no sample is inside or near the window, the peaks are
-    unknown (None, `window_sampled` false, and the note says why), never read as 0.
+    drain, says nothing of the window; a sample answered after the close speaks for it when it was
+    asked for within `max_edge_gap_s` of it. When no sample is inside or near the window, the peaks
+    are unknown (None, `window_sampled` false, and the note says why), never read as 0; when the
+    counter's reads do not reach both edges, so are the preemptions (`_counter_change`). `marks`:
+    when the scrapes asked for as the window opened and closed were answered (its histograms'
+    edges); each counts as reaching its edge however late the client's loop could ask for it.
     """
     if not samples:
         return ServerSummary(metrics_available=False, metrics_note=note or "no vllm:* metrics at /metrics")
@@ -80,7 +93,10 @@ def summarize(
     last_t = after[0].t_s if after else samples[-1].t_s
     if max_edge_gap_s is not None:
         first_t = max(first_t, window_start_s - max_edge_gap_s)
-        last_t = min(last_t, window_end_s + max_edge_gap_s)
+        # A sample after the close speaks for it when it was asked for near the close (the
+        # window's "end" mark is asked for at the close, and may be answered seconds later).
+        near = [s for s in after if s.asked_s <= window_end_s + max_edge_gap_s]
+        last_t = near[0].t_s if near else min(last_t, window_end_s + max_edge_gap_s)
     considered = [s for s in samples if first_t <= s.t_s <= last_t]
     if not considered:
         return ServerSummary(
@@ -88,24 +104,55 @@ def summarize(
             metrics_note=_unsampled_note(samples, window_start_s, window_end_s, max_edge_gap_s, note),
             window_sampled=False,
         )
-    baseline, last = considered[0], considered[-1]
 
     def peak(attr: str) -> float | None:
         vals = [getattr(s, attr) for s in considered if getattr(s, attr) is not None]
         return max(vals) if vals else None
 
-    preemptions = None
-    if baseline.preemptions is not None and last.preemptions is not None:
-        preemptions = max(0.0, last.preemptions - baseline.preemptions)
+    preemptions, seen, counter_note = _counter_change(
+        considered, window_start_s, window_end_s, max_edge_gap_s or 0.0, marks
+    )
+    if counter_note is not None:
+        note = f"{counter_note}; {note}" if note else counter_note
     return ServerSummary(
         metrics_available=True,
         metrics_note=note,
         samples=len(considered),
         kv_cache_usage_peak=peak("kv_cache_usage"),
         preemptions=preemptions,
+        preemptions_at_least=seen,
         running_peak=peak("running"),
         waiting_peak=peak("waiting"),
     )
+
+
+def _counter_change(
+    considered: list[Sample], start_s: float, end_s: float, tolerance_s: float,
+    marks: tuple[float, float] | None = None,
+) -> tuple[float | None, float | None, str | None]:
+    """The preemption counter's change across the window: (exact count, lower bound, note).
+
+    A counter's change is exact between its first and last read. Those reach the window's edges
+    when they lie within `tolerance_s` of them, or are the scrapes asked for as the window opened
+    and closed (`marks`, when they were answered: the edges vLLM's histograms are read at; a
+    client loop starved of CPU asks for them late). Otherwise what happened between the reads is
+    only a lower bound of the window's count: the count is then unknown (None), the bound is
+    kept, and the note says so, so that a scrape that missed an edge never reads as 0 preemptions.
+    """
+    counted = [s for s in considered if s.preemptions is not None]
+    if not counted:
+        return None, None, None
+    first, last = counted[0], counted[-1]
+    change = max(0.0, float(last.preemptions) - float(first.preemptions))
+    opened = first.asked_s <= start_s + tolerance_s or (marks is not None and first.t_s <= marks[0])
+    closed = last.t_s >= end_s - tolerance_s or (marks is not None and last.t_s >= marks[1])
+    if opened and closed:
+        return change, None, None
+    note = (
+        f"vllm:num_preemptions_total was read only from {first.asked_s - start_s:.1f} s to {last.t_s - start_s:.1f} s"
+        f" of the {end_s - start_s:.1f} s window ({change:g} preemptions then): the window's count is unknown"
+    )
+    return None, change, note
 
 
 def _unsampled_note(
@@ -144,6 +191,9 @@ class MetricsScraper:
     model: str | None = None
     # Histogram snapshots taken on demand (`mark`), by label ("start", "end" of the window).
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    # The fetch for those snapshots (None: `fetch`): the window's edges are worth a longer wait
+    # than a periodic scrape, since the counters' changes across the window are read from them.
+    fetch_mark: Callable[[], Awaitable[str | None]] | None = None
     snapshot_notes: dict[str, str] = field(default_factory=dict)
     _marks: list[asyncio.Task] = field(default_factory=list)
     _task: asyncio.Task | None = None
@@ -161,8 +211,9 @@ class MetricsScraper:
         self._marks.append(asyncio.create_task(self._snapshot(label), name=f"metrics-snapshot-{label}"))
 
     async def _snapshot(self, label: str) -> None:
+        sent_s = time.perf_counter()
         try:
-            text = await self.fetch()
+            text = await (self.fetch_mark or self.fetch)()
         except Exception as exc:  # as for the periodic scrapes: noted, never fatal
             self.snapshot_notes[label] = f"scraping /metrics failed: {type(exc).__name__}: {exc}"
             return
@@ -175,7 +226,7 @@ class MetricsScraper:
             return
         try:
             self.snapshots[label] = parse_snapshot(text, t_s, self.model)
-            sample = parse_sample(text, t_s)
+            sample = parse_sample(text, t_s, sent_s)
         except ValueError as exc:
             self.snapshot_notes[label] = f"/metrics is not Prometheus text: {exc}"
             return
@@ -202,6 +253,7 @@ class MetricsScraper:
         }
 
     async def scrape_once(self) -> None:
+        sent_s = time.perf_counter()
         try:
             text = await self.fetch()
         except Exception as exc:  # a failed scrape must never fail the step; it is noted
@@ -211,7 +263,7 @@ class MetricsScraper:
             self.note = self.note or "the server has no /metrics endpoint"
             return
         try:
-            sample = parse_sample(text, time.perf_counter())
+            sample = parse_sample(text, time.perf_counter(), sent_s)
         except ValueError as exc:
             self.note = f"/metrics is not Prometheus text: {exc}"
             return

@@ -81,7 +81,25 @@ def preemptions_within(
     until = max(r.end_s for r in first)
     after = [s for s in counted if s.t_s >= until]
     last = after[0] if after else counted[-1]
-    return max(0.0, float(last.preemptions) - float(before[-1].preemptions))
+    seen = max(0.0, float(last.preemptions) - float(before[-1].preemptions))
+    # Without a read after the exposure ended, what was seen is a lower bound: a preemption seen
+    # settles the rule, none seen does not.
+    return seen if after or seen > 0 else None
+
+
+def partial_verdict(step: StepResult, bound: float) -> Verdict | None:
+    """`max_preemptions` judged on a lower bound of the window's count (ServerSummary's
+    preemptions_at_least, when the counter was not read at both edges): fail when even the bound
+    breaks the rule, else inconclusive; None without a bound."""
+    seen = step.server.preemptions_at_least
+    if seen is None:
+        return None
+    if bound == 0:
+        return "fail" if seen > 0 else "inconclusive"
+    n = step.requests_ok + step.requests_failed
+    if n and poisson_interval(int(round(seen)))[0] / n > bound / EXPOSURE_REQUESTS:
+        return "fail"
+    return "inconclusive"
 
 
 def kv_share_above(samples: Sequence[Sample], open_s: float, close_s: float, bound: float) -> float | None:

@@ -144,7 +144,11 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
         }[key]
         judged = max_rules.verdict(step, key, bound)
         if server_value is None:
-            unverified.append(key)
+            if key == "max_preemptions" and max_rules.partial_verdict(step, bound) == "fail":
+                # The reads that were made already saw more preemptions than the bound allows.
+                violations.append(key)
+            else:
+                unverified.append(key)
         elif judged is not None:
             # Judged the same at any window length (replay.slo.max_rules); inconclusive is no violation
             # of what was measured, and `verdicts` keeps it inconclusive.
@@ -221,6 +225,9 @@ def verdicts(
             # A server that exports the figure but was not sampled in this window: undecided,
             # never passed unseen (the search measures such a step again).
             if key in SERVER_KEYS and step.server.metrics_available and not step.server.window_sampled:
+                out[key] = "inconclusive"
+            elif key == "max_preemptions" and max_rules.partial_verdict(step, bound) is not None:
+                # The counter was read over part of the window only.
                 out[key] = "inconclusive"
             continue
         match = _LATENCY_KEY.match(key)

@@ -79,7 +79,9 @@ class SessionFigures(Protocol):
 def server_summary(metrics: MetricSnapshots | None, open_s: float, close_s: float) -> ServerSummary:
     """vLLM's figures over the window: gauges and counters, then its histograms."""
     server = (
-        summarize_server(metrics.samples, open_s, close_s, metrics.note, max_edge_gap_s=metrics.edge_gap_s)
+        summarize_server(
+            metrics.samples, open_s, close_s, metrics.note, max_edge_gap_s=metrics.edge_gap_s, marks=metrics.window
+        )
         if metrics is not None
         else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
     )

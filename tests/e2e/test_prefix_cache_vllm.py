@@ -62,7 +62,9 @@ def test_hit_rate_and_kv_peak_follow_the_prefix_model(shared_server, tmp_path: P
     assert shared >= 6 and old_usage > 1.0 > prefix_usage + KV_PEAK_TOLERANCE, (shared, own, old_usage, prefix_usage)
 
     settings = ReplaySettings(
-        concurrency=[CONCURRENCY], warmup_requests=8, min_requests=24, metrics_interval_s=0.2, request_timeout_s=300
+        # 120 requests: a window of several seconds, so that the sampled KV gauge is read inside it
+        # many times (24 made a window of about a second, which two samples could miss).
+        concurrency=[CONCURRENCY], warmup_requests=8, min_requests=120, metrics_interval_s=0.2, request_timeout_s=300
     )
     results = asyncio.run(run_replay(url=shared_server.url, corpus=corpus, settings=settings, slo={"ttft_p50_ms": 600000}))
     (step,) = results.steps

@@ -140,3 +140,67 @@ def test_an_unsampled_window_leaves_the_server_rules_undecided():
     # A server without the figure at all is not held to it, as before.
     without = st.model_copy(update={"server": summarize([], 0, 1, None)})
     assert slo.verdicts(without, {"kv_cache_usage_max": 0.9})[0] == {}
+
+
+def test_a_counter_that_missed_the_windows_end_is_a_lower_bound_not_a_count():
+    # The last read came 6 s before the close (later scrapes stalled on a busy server): the
+    # preemptions after it are unknown, so the window's count is too; what was seen is kept.
+    samples = [Sample(9.8, 0.1, 2, 0, 0), Sample(11.0, 0.9, 30, 2, 3), Sample(40.0, 0.0, 0, 0, 20)]
+    s = summarize(samples, 10.0, 17.0, None, max_edge_gap_s=1.0)
+    assert s.window_sampled and s.preemptions is None and s.preemptions_at_least == 3
+    assert "read only from -0.2 s to 1.0 s of the 7.0 s window (3 preemptions then)" in s.metrics_note
+    # Nothing seen in that part: still unknown, never 0.
+    quiet = [Sample(9.8, 0.1, 2, 0, 0), Sample(11.0, 0.2, 3, 0, 0)]
+    s = summarize(quiet, 10.0, 17.0, None, max_edge_gap_s=1.0)
+    assert s.preemptions is None and s.preemptions_at_least == 0
+
+
+def test_the_end_mark_answered_late_still_speaks_for_the_close():
+    # Asked for at the close, answered 4 s later (past the 1 s edge gap): it is the window's end.
+    samples = [Sample(9.8, 0.1, 2, 0, 0), Sample(11.0, 0.9, 30, 2, 3), Sample(21.0, 1.0, 32, 5, 12, sent_s=17.0)]
+    s = summarize(samples, 10.0, 17.0, None, max_edge_gap_s=1.0)
+    assert (s.preemptions, s.preemptions_at_least, s.kv_cache_usage_peak) == (12, None, 1.0)
+    # A scrape asked for long after the close does not.
+    late = [*samples[:2], Sample(21.0, 0.0, 0, 0, 12, sent_s=20.0)]
+    assert summarize(late, 10.0, 17.0, None, max_edge_gap_s=1.0).preemptions is None
+
+
+def test_a_lower_bound_settles_the_preemption_rule_only_when_it_breaks_it():
+    from replay.slo import rules as slo
+    from tests.fakes.results import make_step
+
+    seen = summarize([Sample(9.8, 0.1, 2, 0, 0), Sample(11.0, 0.9, 30, 2, 3)], 10.0, 17.0, None, max_edge_gap_s=1.0)
+    verdicts, unverified = slo.verdicts(make_step(server=seen), {"max_preemptions": 0})
+    assert verdicts == {"max_preemptions": "fail"} and unverified == []
+    none_seen = summarize([Sample(9.8, 0.1, 2, 0, 0), Sample(11.0, 0.2, 3, 0, 0)], 10.0, 17.0, None, max_edge_gap_s=1.0)
+    verdicts, unverified = slo.verdicts(make_step(server=none_seen), {"max_preemptions": 0})
+    assert verdicts == {"max_preemptions": "inconclusive"} and unverified == ["max_preemptions"]
+
+
+def test_scrapes_record_when_they_were_asked_for():
+    import asyncio
+
+    from replay.server.metrics import MetricsScraper
+
+    async def slow():
+        await asyncio.sleep(0.05)
+        return _vllm_text("busy")
+
+    async def main():
+        scraper = MetricsScraper(slow, model="/models/tiny-llama", fetch_mark=slow)
+        scraper.mark("end")
+        await asyncio.gather(*scraper._marks)
+        await scraper.scrape_once()
+        return scraper
+
+    for sample in asyncio.run(main()).samples:
+        assert sample.sent_s is not None and sample.t_s - sample.sent_s >= 0.04
+
+
+def test_the_window_marks_reach_its_edges_however_late_they_were_asked_for():
+    # A client loop starved of CPU asked for the opening scrape 2.2 s after the window opened and
+    # got it at 12.5; it is the edge vLLM's histograms are read at, so the counter's too.
+    samples = [Sample(12.5, 0.2, 8, 0, 4, sent_s=12.2), Sample(20.0, 0.3, 8, 0, 6, sent_s=17.1)]
+    s = summarize(samples, 10.0, 17.0, None, max_edge_gap_s=1.0, marks=(12.5, 20.0))
+    assert (s.preemptions, s.preemptions_at_least) == (2, None)
+    assert summarize(samples, 10.0, 17.0, None, max_edge_gap_s=1.0).preemptions is None

@@ -68,6 +68,8 @@ def test_server_figures_come_from_the_snapshots_inside_the_window():
         Sample(t_s=9.0, kv_cache_usage=0.1, running=1, waiting=0, preemptions=3),
         Sample(t_s=12.0, kv_cache_usage=0.5, running=4, waiting=2, preemptions=3),
         Sample(t_s=19.0, kv_cache_usage=0.7, running=4, waiting=1, preemptions=5),
+        # The scrape asked for as the window closed: the counter is read at both edges.
+        Sample(t_s=20.4, kv_cache_usage=0.6, running=4, waiting=1, preemptions=5, sent_s=20.0),
     ]
     metrics = MetricSnapshots(samples=samples, note=None, histograms={}, window=None)
     result = step_result(records(steady(100)), metrics, {"max_preemptions": 0})
@@ -114,6 +116,7 @@ def test_rules_over_a_maximum_are_judged_on_figures_of_any_length():
         Sample(t_s=24.0, kv_cache_usage=0.5, running=4, waiting=0, preemptions=0),
         Sample(t_s=25.0, kv_cache_usage=0.99, running=4, waiting=0, preemptions=1),
         Sample(t_s=29.0, kv_cache_usage=0.5, running=4, waiting=0, preemptions=1),
+        Sample(t_s=30.3, kv_cache_usage=0.5, running=4, waiting=0, preemptions=1, sent_s=30.0),
     ]
     metrics = MetricSnapshots(samples=samples, note=None, histograms={}, window=None)
     result = step_result(
