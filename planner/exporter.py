@@ -95,6 +95,12 @@ class PlannerMetrics:
         self.safe_concurrency_per_gpu = Gauge(
             "planner_safe_concurrency_per_gpu", "Safe concurrency per GPU found for a finished point", ["point"], registry=r
         )
+        self.knee_band_per_gpu = Gauge(
+            "planner_knee_band_per_gpu",
+            "A finished point's knee band per GPU, read from every step (low: every step at and below it"
+            " passed; high: the highest load that passed at all); the safe concurrency lies below it",
+            ["point", "edge"], registry=r,
+        )
         self.point_node = Gauge(
             "planner_point_node_info", "Where a sweep point runs on a Ray cluster (always 1)", ["point", "node", "gpu_model"],
             registry=r,
@@ -157,10 +163,17 @@ class PlannerMetrics:
     def point_placed(self, point_id: str, node: str, gpu_model: str | None) -> None:
         self.point_node.labels(point=point_id, node=node, gpu_model=_label(gpu_model)).set(1)
 
-    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
+    def point_finished(
+        self, point_id: str, safe_concurrency_per_gpu: float | None,
+        knee_band_per_gpu: tuple[float | None, float | None] | None = None,
+    ) -> None:
         # No series for a point without a safe concurrency: a 0 would read as "measured, carries nothing".
         if safe_concurrency_per_gpu is not None:
             self.safe_concurrency_per_gpu.labels(point=point_id).set(safe_concurrency_per_gpu)
+        # Likewise for an edge of the band the steps did not give.
+        for edge, value in zip(("low", "high"), knee_band_per_gpu or (None, None)):
+            if value is not None:
+                self.knee_band_per_gpu.labels(point=point_id, edge=edge).set(value)
         for gauge in (self.target_concurrency, self.target_rate, self.search_eta):
             _remove(gauge, point_id)
 

@@ -73,7 +73,10 @@ class StepProgress:
     def point_started(self, point_id: str, config: dict, model: str) -> None:
         self.set_prefix(f"{point_id}  ")
 
-    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
+    def point_finished(
+        self, point_id: str, safe_concurrency_per_gpu: float | None,
+        knee_band_per_gpu: tuple[float | None, float | None] | None = None,
+    ) -> None:
         self.set_prefix("")
 
     def step_started(self, load: LoadSpec) -> None:

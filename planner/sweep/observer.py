@@ -23,7 +23,11 @@ class SweepObserver(ReplayObserver, Protocol):
         is told which point each batch belongs to (planner.sweep.relay.dispatch)."""
         ...
 
-    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None: ...
+    # knee_band_per_gpu: the knee band read from every step (planner.sweep.outcome.knee_band_per_gpu).
+    def point_finished(
+        self, point_id: str, safe_concurrency_per_gpu: float | None,
+        knee_band_per_gpu: tuple[float | None, float | None] | None = None,
+    ) -> None: ...
 
 
 class SweepObservers(Observers):
@@ -45,6 +49,9 @@ class SweepObservers(Observers):
         for o in self._points:
             o.use_point(point_id)
 
-    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
+    def point_finished(
+        self, point_id: str, safe_concurrency_per_gpu: float | None,
+        knee_band_per_gpu: tuple[float | None, float | None] | None = None,
+    ) -> None:
         for o in self._points:
-            o.point_finished(point_id, safe_concurrency_per_gpu)
+            o.point_finished(point_id, safe_concurrency_per_gpu, knee_band_per_gpu)

@@ -161,3 +161,12 @@ def choose_best(points: list[PointResult]) -> Best | None:
 
 def _bound_by(p: PointResult, none: str = "-") -> str:
     return binding_mod.describe(p.binding_constraint, p.binding_undecided, none=none)
+
+
+def knee_band_per_gpu(result: PointResult) -> tuple[float | None, float | None] | None:
+    """The point's knee band (PointResult.knee_band: where its steps agree on a pass, and the
+    highest load that passed at all) per GPU; None before the point's search ended."""
+    if result.knee_band is None or not result.gpus:
+        return None
+    lo, hi = result.knee_band
+    return tuple(None if v is None else round(v / result.gpus, 3) for v in (lo, hi))  # type: ignore[return-value]

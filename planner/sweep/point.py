@@ -39,7 +39,14 @@ from planner.sweep.grid import Point
 from planner.sweep.liveness import Liveness
 from planner.sweep.observer import SweepObserver, SweepObservers
 from planner.sweep.oom import death, oom_kills
-from planner.sweep.outcome import UPPER_BOUND_CONSTRAINT, conclude, ended_status, interrupted, metrics_lost
+from planner.sweep.outcome import (
+    UPPER_BOUND_CONSTRAINT,
+    conclude,
+    ended_status,
+    interrupted,
+    knee_band_per_gpu,
+    metrics_lost,
+)
 from planner.sweep.results import PointResult
 from planner.vllm_args import has_flag
 from planner.vllm_log import log_tail
@@ -144,7 +151,7 @@ async def run_point(
     try:
         await PointRunner(ctx, point, result, gpu_ids, save=save).run()
     finally:
-        observer.point_finished(point.id, result.safe_concurrency_per_gpu)
+        observer.point_finished(point.id, result.safe_concurrency_per_gpu, knee_band_per_gpu(result))
 
 
 def record_prediction_error(result: PointResult) -> None:

@@ -38,7 +38,7 @@ from planner.sweep.config import ExecutorSection
 from planner.sweep.executor import SweepContext, Todo
 from planner.sweep.grid import Point
 from planner.sweep.observer import SweepObservers
-from planner.sweep.outcome import interrupted
+from planner.sweep.outcome import interrupted, knee_band_per_gpu
 from planner.sweep.point import record_prediction_error
 from planner.sweep.ray_node import NodeResult, point_on_node
 from planner.sweep.ray_ranks import ACCELERATOR_PREFIX, node_models
@@ -294,7 +294,7 @@ class RayExecutor:
             finished.add(point.id)
             record_prediction_error(result)
             ctx.save()
-        SweepObservers(*shared.observers).point_finished(point.id, result.safe_concurrency_per_gpu)
+        SweepObservers(*shared.observers).point_finished(point.id, result.safe_concurrency_per_gpu, knee_band_per_gpu(result))
 
 
 def _release(group: PlacementGroup) -> None:

@@ -51,7 +51,10 @@ class RelayObserver:
     def point_started(self, point_id: str, config: dict, model: str) -> None:
         self._events.append(ObserverCall("point_started", (point_id, config, model)))
 
-    def point_finished(self, point_id: str, safe_concurrency_per_gpu: float | None) -> None:
+    def point_finished(
+        self, point_id: str, safe_concurrency_per_gpu: float | None,
+        knee_band_per_gpu: tuple[float | None, float | None] | None = None,
+    ) -> None:
         """Not relayed: the driver tells its observers itself once the task's result is in, which
         it knows even when the node is gone."""
 

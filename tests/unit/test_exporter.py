@@ -85,12 +85,17 @@ def test_sweep_points_label_every_series() -> None:
     assert value(m, "planner_target_rate_rps", point="p1") == 2.5
     assert value(m, "planner_requests_total", point="p1", status="ok") == 1
     assert value(m, "planner_requests_total", point="replay", status="ok") is None
-    m.point_finished("p1", 10.5)
+    m.point_finished("p1", 10.5, (13.0, 14.5))
     assert value(m, "planner_safe_concurrency_per_gpu", point="p1") == 10.5
+    assert value(m, "planner_knee_band_per_gpu", point="p1", edge="low") == 13.0
+    assert value(m, "planner_knee_band_per_gpu", point="p1", edge="high") == 14.5
     assert value(m, "planner_target_rate_rps", point="p1") is None
     m.point_started("p2", {}, "tiny")
-    m.point_finished("p2", None)
+    m.point_finished("p2", None, (None, 3.0))
     assert value(m, "planner_safe_concurrency_per_gpu", point="p2") is None
+    # An edge the steps did not give has no series, rather than a 0.
+    assert value(m, "planner_knee_band_per_gpu", point="p2", edge="low") is None
+    assert value(m, "planner_knee_band_per_gpu", point="p2", edge="high") == 3.0
 
 
 def test_each_instance_has_its_own_registry() -> None:

@@ -125,3 +125,14 @@ def test_metrics_lost_mid_point_is_noted_and_names_the_slos_left_unchecked():
     assert unchecked == [], "no SLO needed them: the point's verdict stands"
     _, unchecked = metrics_lost([_step(4, metrics=True), _step(8, metrics=False, unverified=("max_preemptions",))])
     assert unchecked == ["max_preemptions"]
+
+
+def test_the_knee_band_per_gpu_divides_each_edge_by_the_points_gpus():
+    from planner.sweep.outcome import knee_band_per_gpu
+    from planner.sweep.results import PointResult
+
+    r = PointResult(id="p", config={}, command=[], fingerprint="f", status="ok", gpus=2, knee_band=[43, 52])
+    assert knee_band_per_gpu(r) == (21.5, 26.0)
+    r.knee_band = [None, 5]
+    assert knee_band_per_gpu(r) == (None, 2.5)
+    assert knee_band_per_gpu(PointResult(id="q", config={}, command=[], fingerprint="f", status="pending")) is None

@@ -61,3 +61,21 @@ def test_only_the_newest_result_snapshot_travels() -> None:
     result.status = "failed"
     assert [g.status for g in got] == ["ok"]
     assert relay.take() == []
+
+
+def test_every_sweep_observer_takes_the_calls_a_point_makes():
+    # A point calls its observers with every argument of the SweepObserver protocol, on the
+    # driver and on a node alike: an observer short of one breaks every remote point.
+    import inspect
+
+    from planner.sweep.observer import SweepObserver, SweepObservers
+
+    progress = StepProgress(10, console=Console(file=io.StringIO()))
+    for observer in (RelayObserver(), PlannerMetrics(), progress, SweepObservers()):
+        for name in ("point_started", "point_placed", "point_finished", "use_point"):
+            wanted = list(inspect.signature(getattr(SweepObserver, name)).parameters)[1:]
+            got = inspect.signature(getattr(observer, name)).parameters
+            assert wanted == list(got), (type(observer).__name__, name, list(got))
+    relay = RelayObserver()
+    relay.point_finished("p", 1.5, (2.0, 2.5))
+    assert relay.take() == []
