@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import subprocess
 import sys
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.sweep.results import SweepResults  # noqa: E402
-from tests.fakes.sweep_files import FAKE_VLLM, write_corpus  # noqa: E402
+from tests.fakes.sweep_files import write_corpus, write_sweep_config  # noqa: E402
 
 ITL_S, GROWTH_AT_2048, TPOT_BOUND_MS, HEADROOM = 0.020, 0.5, 75.0, 0.2
 BLOCK_BYTES = 128 * 256  # 128 tokens x the fake's 256 bytes a token at tp 1
@@ -65,47 +64,19 @@ def true_safe(config: dict) -> int:
 
 
 def write_config(folder: Path, grid: dict, strategy: str, seed: int) -> Path:
-    corpus = write_corpus(folder / "corpus.jsonl", n=200)
-    cfg = folder / "sweep.toml"
-    extra = "\n".join(f"{k} = {json.dumps(v)}" for k, v in grid.items())
-    cfg.write_text(
-        f"""
-prompts = "{corpus}"
-
-[server]
-command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_VLLM))}]
-model = "adaptive-bench-{strategy}-{seed}"
-args = ["--enforce-eager", "--seed", "{seed}"]
-env = {{ FAKE_VLLM_ITL_S = "{ITL_S}", FAKE_VLLM_ITL_GROWTH = "{GROWTH_AT_2048}", FAKE_VLLM_TTFT_S = "0.005" }}
-startup_timeout_s = 60
-stop_grace_s = 5
-
-[grid]
-max_model_len = [128]
-[grid.extra]
-{extra}
-
-[replay]
-seed = {seed}
-start_concurrency = 4
-min_requests = 20
-max_window_s = 60
-request_timeout_s = 30
-
-[slo]
-tpot_p50_ms = {TPOT_BOUND_MS:g}
-ttft_max_ms = 150
-error_rate = 0
-headroom = {HEADROOM}
-
-[gpus]
-devices = "none"
-
-[sweep]
-strategy = "{strategy}"
-"""
+    return write_sweep_config(
+        folder,
+        corpus=write_corpus(folder / "corpus.jsonl", n=200),
+        env={"FAKE_VLLM_ITL_S": str(ITL_S), "FAKE_VLLM_ITL_GROWTH": str(GROWTH_AT_2048), "FAKE_VLLM_TTFT_S": "0.005"},
+        grid={"max_model_len": [128]},
+        extra=grid,
+        replay={"seed": seed, "start_concurrency": 4, "min_requests": 20, "max_window_s": 60, "request_timeout_s": 30},
+        slo={"tpot_p50_ms": TPOT_BOUND_MS, "ttft_max_ms": 150, "error_rate": 0, "headroom": HEADROOM},
+        more={"sweep": {"strategy": strategy}},
+        model=f"adaptive-bench-{strategy}-{seed}",
+        startup_timeout_s=60,
+        args=["--enforce-eager", "--seed", str(seed)],
     )
-    return cfg
 
 
 def one_sweep(folder: Path, grid: dict, strategy: str, seed: int) -> dict:

@@ -66,17 +66,12 @@ except ProcessLookupError:
     pass
 """
 
-def group_members(pgid: int) -> list[str] | None:
-    """The processes of group `pgid` still running, as "pid state name", zombies left out; None
-    where there is no /proc to read (macOS).
-
-    A zombie holds no memory, no port and no CPU: it only waits for its parent to read its exit
-    status. vLLM's EngineCore and workers are re-parented to PID 1 when the API server exits, and
-    some container inits reap such orphans late (or never), so a zombie may linger after a stop."""
-    proc = Path("/proc")
+def group_processes(pgid: int, proc: Path = Path("/proc")) -> list[tuple[int, str, str]] | None:
+    """(pid, state, name) of every process of group `pgid`, zombies included; None where there
+    is no /proc to read (macOS)."""
     if not proc.is_dir():
         return None
-    members = []
+    out = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -87,9 +82,22 @@ def group_members(pgid: int) -> list[str] | None:
         # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after it.
         name = stat[stat.find("(") + 1 : stat.rfind(")")]
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(f"{entry.name} {fields[0]} {name}")
-    return members
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            out.append((int(entry.name), fields[0], name))
+    return out
+
+
+def group_members(pgid: int) -> list[str] | None:
+    """The processes of group `pgid` still running, as "pid state name", zombies left out; None
+    where there is no /proc to read (macOS).
+
+    A zombie holds no memory, no port and no CPU: it only waits for its parent to read its exit
+    status. vLLM's EngineCore and workers are re-parented to PID 1 when the API server exits, and
+    some container inits reap such orphans late (or never), so a zombie may linger after a stop."""
+    processes = group_processes(pgid)
+    if processes is None:
+        return None
+    return [f"{pid} {state} {name}" for pid, state, name in processes if state not in ("Z", "X")]
 
 
 def group_alive(pgid: int) -> bool:

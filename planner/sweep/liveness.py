@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from planner.capacity import Failure
-from planner.launcher import VllmServer
+from planner.launcher import VllmServer, group_processes
 from planner.vllm_log import log_tail
 from replay.records import RequestRecord
 from replay.results import LoadSpec, StepResult
@@ -44,21 +44,7 @@ STALLED_REQUESTS = 3
 
 def stopped_in_group(pgid: int, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
     """(pid, state) of the processes of group `pgid` that are stopped (T) or traced (t)."""
-    out = []
-    if not proc.is_dir():
-        return out
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after it.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] in ("T", "t"):
-            out.append((int(entry.name), fields[0]))
-    return out
+    return [(pid, state) for pid, state, _ in group_processes(pgid, proc) or [] if state in ("T", "t")]
 
 
 class Liveness:

@@ -34,17 +34,18 @@ def toml_table(name: str, values: dict[str, object]) -> str:
 def write_sweep_config(
     folder: Path, *, corpus: Path, env: dict[str, str], grid: dict[str, list], extra: dict[str, list],
     slo: dict[str, object], replay: dict[str, object] | None = None, more: dict[str, dict[str, object]] | None = None,
-    model: str | None = None, startup_timeout_s: float = 30,
+    model: str | None = None, startup_timeout_s: float = 30, args: list[str] | None = None,
 ) -> Path:
     """folder/sweep.toml: a sweep of the fake vLLM (tests/fakes/fake_vllm.py) over `grid` x `extra`
     ([grid] and [grid.extra]), its latency model set by `env` (FAKE_VLLM_*), and the [replay],
     [slo] and `more` tables (e.g. {"grid.env": ..., "executor": ...}). The model name is unique
-    unless given, so the processes of one sweep can be told apart from another's."""
+    unless given, so the processes of one sweep can be told apart from another's; `args` are the
+    server's fixed flags (--enforce-eager unless given)."""
     folder.mkdir(parents=True, exist_ok=True)
     server = {
         "command": [sys.executable, str(FAKE_VLLM)],
         "model": model or f"{folder.name}-{uuid.uuid4().hex[:8]}",
-        "args": ["--enforce-eager"],
+        "args": args if args is not None else ["--enforce-eager"],
         "env": env,
         "startup_timeout_s": startup_timeout_s,
         "stop_grace_s": 5,
