@@ -283,11 +283,17 @@ class MetricsScraper:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="metrics-scraper")
 
-    async def stop(self) -> None:
+    async def stop(self, *, cancel_marks: bool = False) -> None:
+        """Stop scraping, once the window's marks are in (`fetch_mark` may wait long for a busy
+        server's answer); `cancel_marks`: drop those still pending instead (the step was aborted,
+        its server hung or gone, and no answer will come)."""
         self._stopping.set()
         if self._task is not None:
             await self._task
+        if cancel_marks:
+            for mark in self._marks:
+                mark.cancel()
         if self._marks:
-            await asyncio.gather(*self._marks)
+            await asyncio.gather(*self._marks, return_exceptions=True)
         # One last scrape so the window's end has a sample of its own.
         await self.scrape_once()

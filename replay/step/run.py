@@ -136,7 +136,8 @@ async def _watched(
             except asyncio.CancelledError:
                 pass
         if scraper is not None:
-            await scraper.stop()
+            # A server known to be gone answers no scrape: the window's marks are not waited for.
+            await scraper.stop(cancel_marks=abort is not None and abort.is_set())
 
 
 async def run_step(

@@ -204,3 +204,28 @@ def test_the_window_marks_reach_its_edges_however_late_they_were_asked_for():
     s = summarize(samples, 10.0, 17.0, None, max_edge_gap_s=1.0, marks=(12.5, 20.0))
     assert (s.preemptions, s.preemptions_at_least) == (2, None)
     assert summarize(samples, 10.0, 17.0, None, max_edge_gap_s=1.0).preemptions is None
+
+
+def test_an_aborted_step_does_not_wait_for_its_marks():
+    import asyncio
+    import time
+
+    from replay.server.metrics import MetricsScraper
+
+    async def hung():
+        await asyncio.sleep(60)  # a server that accepts and never answers
+
+    async def main():
+        scraper = MetricsScraper(hung, fetch_mark=hung)
+        scraper.mark("start")
+        await asyncio.sleep(0.01)
+        scraper.fetch = _answers  # the final scrape of stop() answers at once
+        t0 = time.perf_counter()
+        await scraper.stop(cancel_marks=True)
+        return scraper, time.perf_counter() - t0
+
+    async def _answers():
+        return None
+
+    scraper, took = asyncio.run(main())
+    assert took < 5 and "start" not in scraper.snapshots
