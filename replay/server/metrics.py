@@ -97,6 +97,9 @@ def summarize(
         # window's "end" mark is asked for at the close, and may be answered seconds later).
         near = [s for s in after if s.asked_s <= window_end_s + max_edge_gap_s]
         last_t = near[0].t_s if near else min(last_t, window_end_s + max_edge_gap_s)
+        if marks is not None:
+            # The closing mark, however late a starved client loop asked for it.
+            last_t = max(last_t, marks[1])
     considered = [s for s in samples if first_t <= s.t_s <= last_t]
     if not considered:
         return ServerSummary(

@@ -102,14 +102,16 @@ def test_above_kv_capacity_requests_are_preempted_and_the_guard_fails(
     # moved. Inside the over step's window the guard fails, on whichever capacity rule breaks
     # first: the window closes early on it, so a KV cache pinned full may close it before a
     # preemption falls inside (a run saw 1.5 s, KV at 1.0, no preemption yet). The window's
-    # preemption count is exact, never a missed read taken as 0: its change between the scrapes
-    # asked for as the window opened and closed (they may wait MARK_TIMEOUT_S for the answer).
+    # preemption count is never a missed read taken as 0: its change between the scrapes asked
+    # for as the window opened and closed (they may wait MARK_TIMEOUT_S for the answer).
     # The gauges (waiting, running, KV usage) are sampled, and with dozens of streams on two cores
     # a fresh-clone run saw 4 samples in a whole step, then 3 that all missed the load, so a
     # sampled peak is not asserted here.
     assert preempted > 0, preempted
     assert over.server.metrics_available, over.server.metrics_note
-    assert over.server.preemptions is not None, over.server.metrics_note
+    # Exact when the window's two marks were answered (a 30 s wait each); a lower bound, with a
+    # note, only when one never was.
+    assert over.server.preemptions is not None or over.server.preemptions_at_least is not None, over.server.metrics_note
     assert not over.slo_pass
     assert {"max_preemptions", "kv_cache_usage_max"} & set(over.slo_violations), (
         over.slo_violations, over.server.model_dump(exclude_none=True), over.window_s,
