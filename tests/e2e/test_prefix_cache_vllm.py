@@ -79,5 +79,12 @@ def test_hit_rate_and_kv_peak_follow_the_prefix_model(shared_server, tmp_path: P
     assert server.prefix_cache_hit_rate is not None, server.histograms_note
     assert server.prefix_cache_hit_rate == pytest.approx(predicted.hit_rate_unbounded, abs=HIT_RATE_TOLERANCE)
     assert predicted.hit_rate_lru == predicted.hit_rate_unbounded
+    # The usage each model predicts at the most requests vLLM was seen running: a client loop
+    # starved of CPU on two cores keeps fewer than 8 in flight against a fast server (CI runs saw
+    # 1-3), and the prefix-aware model is then judged at what ran, not at what was asked.
+    running = int(server.running_peak or 0)
+    assert running >= 2, f"vLLM ran at most {running} requests at once: the sharing cannot show"
+    prefix_usage = (shared + running * own) / pool
+    old_usage = running * sum(blocks) / len(blocks) / pool
     assert server.kv_cache_usage_peak == pytest.approx(prefix_usage, abs=KV_PEAK_TOLERANCE)
     assert abs(server.kv_cache_usage_peak - prefix_usage) < abs(server.kv_cache_usage_peak - old_usage)
