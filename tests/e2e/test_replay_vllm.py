@@ -22,6 +22,7 @@ from replay.corpus.jsonl import load_corpus
 from replay.results import ReplayResults, StepResult
 from replay.run.entry import RESULTS_FILE, run_replay
 from replay.run.settings import ReplaySettings
+from replay.server.metrics import parse_sample
 from tests.e2e.support import CPU_BLOCK_SIZE, SHARED_KV_BYTES, TinyModel
 
 pytestmark = pytest.mark.e2e
@@ -55,9 +56,10 @@ def _replay(server_url: str, tmp_path: Path, settings: ReplaySettings) -> Replay
 
 
 def _preemptions_so_far(server_url: str) -> float:
-    """vLLM's preemption counter now, read by the test itself."""
-    text = httpx.get(f"{server_url}/metrics", timeout=60).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:num_preemptions_total"))
+    """vLLM's preemption counter now, read by the test itself (parsed as the scraper parses it)."""
+    sample = parse_sample(httpx.get(f"{server_url}/metrics", timeout=60).text, 0.0)
+    assert sample is not None and sample.preemptions is not None, "no vllm:num_preemptions_total at /metrics"
+    return sample.preemptions
 
 
 def _step(results: ReplayResults, concurrency: int) -> StepResult:
