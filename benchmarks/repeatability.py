@@ -50,6 +50,7 @@ from replay.load.kinds import Concurrency  # noqa: E402
 from replay.results import StepResult  # noqa: E402
 from replay.run.runner import Replay, search_start  # noqa: E402
 from replay.run.settings import ReplaySettings  # noqa: E402
+from replay.search import pass_fit  # noqa: E402
 from replay.slo import rules as slo_mod  # noqa: E402
 from replay.stats.across_steps import percentile_rule  # noqa: E402
 from tests.fakes.openai_server import start_process  # noqa: E402
@@ -79,7 +80,10 @@ async def one_search(url: str, corpus_path: Path, slo: dict[str, float], setting
         start, _ = await search_start(replay, settings)
         outcome = await replay.search(start=start, upper=None)
         wall = time.perf_counter() - t0
-    return {"answer": outcome.max_passing, "steps": list(replay.steps), "wall_s": wall}
+    # The search's own answer (max passing: the highest pass below the lowest failure) and the
+    # knee read from every step (replay.search.pass_fit, at the default pass probability 0.9).
+    fitted = pass_fit.fit(replay.steps, settings.knee_pass_probability)
+    return {"answer": outcome.max_passing, "knee_fit": fitted.knee_fit, "steps": list(replay.steps), "wall_s": wall}
 
 
 async def fixed_steps(
@@ -180,16 +184,17 @@ def main() -> int:
             row = run(f"search-{i}", 100 + i, lambda url: one_search(url, corpus, slo, settings))
             searches.append(row)
             order = [(int(s.load.value), s.slo_verdict) for s in row["steps"]]
-            print(f"search {i + 1}: answer {row['answer']}, {len(row['steps'])} steps, {row['wall_s']:.0f} s: {order}", flush=True)
+            print(f"search {i + 1}: answer {row['answer']} (knee_fit {row['knee_fit']}), {len(row['steps'])} steps, {row['wall_s']:.0f} s: {order}", flush=True)
         answers = [r["answer"] for r in searches if r["answer"] is not None]
         load = args.load or (int(statistics.median(answers)) if answers else None)
         if load is not None and args.steps:
             fixed = run("fixed", 999, lambda url: fixed_steps(url, corpus, slo, settings, load, args.steps))
     print()
-    if answers:
-        med = statistics.median(answers)
-        spread = max(answers) - min(answers)
-        print(f"answers {answers}: spread {spread} ({spread / med:.1%} of the median {med:g})")
+    for name, values in (("max passing", answers), ("knee_fit", [r["knee_fit"] for r in searches if r["knee_fit"] is not None])):
+        if values:
+            med = statistics.median(values)
+            spread = max(values) - min(values)
+            print(f"{name} {values}: spread {spread} ({spread / med:.1%} of the median {med:g})")
     print(f"steps per search: median {statistics.median([len(r['steps']) for r in searches]):g};"
           f" time per search: median {statistics.median([r['wall_s'] for r in searches]):.0f} s")
     if fixed:
@@ -203,6 +208,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({
             "answers": [r["answer"] for r in searches],
+            "knee_fit": [r["knee_fit"] for r in searches],
             "steps_per_search": [len(r["steps"]) for r in searches],
             "wall_s": [r["wall_s"] for r in searches],
             "searches": [[s.model_dump(mode="json") for s in r["steps"]] for r in searches],
