@@ -285,3 +285,31 @@ def foreign_now(gpus: Sequence[Gpu], *, nvidia_smi: str = NVIDIA_SMI) -> list[st
     if done.returncode != 0:
         return []
     return [f"{a.name} (pid {a.pid}) on GPU {by_uuid[a.gpu_uuid]}" for a in parse_compute_apps(done.stdout) if a.gpu_uuid in by_uuid]
+
+
+def server_gpus(
+    server_pids: Collection[int], gpus: Sequence[Gpu], *, nvidia_smi: Sequence[str] = (NVIDIA_SMI,)
+) -> tuple[list[str], str | None]:
+    """The GPUs of this machine that a running server computes on, for `planner replay` against a
+    loopback URL (planner.quiet.locate_server found its processes): those where nvidia-smi lists
+    a compute process of the server's tree. When none of them is listed (a container seeing the
+    host's pids, or a server still starting), every GPU here is watched, and the note says so. No
+    GPUs: nothing to watch, and the note says why."""
+    if not gpus:
+        return [], "no GPU on this machine (nvidia-smi lists none): GPUs not watched"
+    try:
+        done = subprocess.run(
+            [*nvidia_smi, APPS_QUERY, "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [g.index for g in gpus], f"nvidia-smi {APPS_QUERY} failed ({exc}): every GPU here is watched"
+    if done.returncode != 0:
+        return [g.index for g in gpus], f"nvidia-smi {APPS_QUERY} exited {done.returncode}: every GPU here is watched"
+    here = snapshot().processes if Path("/proc").is_dir() else {}
+    server = tree(here, set(server_pids)) if here else set(server_pids)
+    by_uuid = {g.uuid: g.index for g in gpus if g.uuid}
+    used = {by_uuid[a.gpu_uuid] for a in parse_compute_apps(done.stdout) if a.pid in server and a.gpu_uuid in by_uuid}
+    if not used:
+        return [g.index for g in gpus], "no compute process of the server's is listed by nvidia-smi: every GPU here is watched"
+    return [g.index for g in gpus if g.index in used], None

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from planner import gpus as gpu_mod
 from planner import interrupt, quiet
+from planner.gpu_health import GpuHealthSampler, server_gpus
 from planner.cliargs import add_metrics_args, comma_list, env_default, flag_values, metrics_exporter
 from planner.commands.compare import add_baseline_args, against_baseline, check_baseline
 from planner.identity import replay_identity
@@ -155,6 +157,15 @@ def run(args: argparse.Namespace) -> int:
     def probes() -> list[WindowProbe]:
         return [CpuProbe((lambda: set(where.pids)) if where.pids else None, remote=where.remote)]
 
+    # A server on this machine: its GPUs are watched as a sweep's point's are (planner.gpu_health:
+    # clocks, throttling, foreign compute processes), each step's record saying what it saw.
+    monitor = None
+    here = gpu_mod.discover("auto") if where.pids else []
+    if here:
+        gpu_ids, gpu_note = server_gpus(where.pids, here)
+        monitor = lambda: GpuHealthSampler(gpu_ids, server_pids=lambda: set(where.pids))  # noqa: E731
+        console.print(f"watching GPU {', '.join(gpu_ids)} during each step" + (f" ({gpu_note})" if gpu_note else ""), highlight=False)
+
     with metrics_exporter(args) as exporter, StepProgress(settings.window(slo).min_requests) as progress:
         results = interrupt.run(
             run_replay(
@@ -168,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
                 observer=Observers(progress, exporter),
                 identity=replay_identity(args.url),
                 probes=probes,
+                step_monitor=monitor,
             )
         )
     console.print(steps_table(results.steps, title=f"{results.model} at {results.url}"))

@@ -20,7 +20,7 @@ from planner.report import write_report
 from planner.report.html import HTML_FILE
 from planner.sweep.config import load_settings
 from planner.sweep.dry_run import class_lines
-from planner.sweep.duration import earlier_durations, expected_text, mean_request_tokens
+from planner.sweep.duration import earlier_durations, expected, mean_request_tokens
 from planner.sweep.grid import expand
 from planner.sweep.point import log_path, point_server
 from planner.sweep.predict import predictor
@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         mean_tokens = None
         # Each point's estimate, kept for the classes' block below (planner.sweep.dry_run).
         predictions: dict = {}
+        expected_by_point: dict = {}
         if args.request_duration_s is not None:
             mean_tokens = mean_request_tokens(load_corpus(settings.prompts).requests, settings.replay.max_tokens or 16)
         for point in points:
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                 soft_wrap=True,
                 highlight=False,
             )
-            expected = expected_text(
+            expected_by_point[point.id] = expected(
                 point,
                 earlier=earlier,
                 request_duration_s=args.request_duration_s,
@@ -164,8 +165,8 @@ def run(args: argparse.Namespace) -> int:
                 min_requests=window.min_requests,
                 confirm=settings.replay.confirm_knee,
             )
-            console.print(f"  {expected}", soft_wrap=True, highlight=False)
-        for line in class_lines(settings, points, predictions, mean_tokens):
+            console.print(f"  {expected_by_point[point.id].text}", soft_wrap=True, highlight=False)
+        for line in class_lines(settings, points, predictions, mean_tokens, expected_by_point):
             console.print(line, soft_wrap=True, highlight=False, markup=False)
         return 0
     if args.resume and args.restart:

@@ -2,7 +2,9 @@
 
     identity     replay.identity.differences: vLLM, model, flags, env, hardware, corpus, SLOs
     points       matched by configuration (planner.compare.runs); the rest listed per side
-    capacity     per point, from the knee intervals (capacity_verdict)
+    capacity     per point, from the knee read from every step (capacity_verdict: the ranges
+                 replay.search.pass_fit.knee_range gives; the knee intervals for points without
+                 closed-loop steps)
     statistics   per point, at every load measured in both runs: each SLO-bound client latency
                  statistic and output tokens/s per GPU, tested on their stored 95% intervals
                  (planner.compare.stats), Holm-corrected over the whole comparison
@@ -63,6 +65,12 @@ class CapacityComparison(_Strict):
     new_knee_interval: list[int | None] | None
     base_confirmed: bool | None
     new_confirmed: bool | None
+    # From every step (replay.search.pass_fit): where the knee lies, [highest load at and below
+    # which every step passed, lowest measured load above every pass], and the fitted answer.
+    base_knee_range: list[int | None] | None = None
+    new_knee_range: list[int | None] | None = None
+    base_knee_fit: int | None = None
+    new_knee_fit: int | None = None
     verdict: Verdict
     # What bound each search: the rules that failed conclusively, the undecided ones apart.
     base_bound_by: str | None = None
@@ -111,8 +119,10 @@ class Comparison(_Strict):
 
 
 def capacity_verdict(base: RunPoint, new: RunPoint) -> tuple[Verdict, str]:
-    """The knee rule: the new knee interval entirely below the baseline's is a regression,
-    entirely above an improvement, overlapping unchanged; unconfirmed or open is inconclusive.
+    """The knee rule: the new knee band (replay.search.pass_fit.knee_range, from every step; the
+    knee interval for points without closed-loop steps) entirely below the baseline's is a
+    regression, entirely above an improvement, overlapping unchanged; unconfirmed or open is
+    inconclusive.
     A point that ran before and does not now (failed, infeasible) regressed."""
     # [sweep] strategy = "adaptive" settles some points unsearched: such a point is compared only
     # with one settled the same way ("dominated in both runs"), never with a measured one.
@@ -130,18 +140,25 @@ def capacity_verdict(base: RunPoint, new: RunPoint) -> tuple[Verdict, str]:
         if base.status == new.status:
             return "unchanged", f"{base.status} in both runs"
         return "inconclusive", f"{base.status} in the baseline, {new.status} now"
+    # Ranges from every step where both points have closed-loop steps: a load that passed and
+    # failed widens its run's range instead of moving a single number (replay.search.pass_fit).
+    banded = base.knee_range is not None and new.knee_range is not None
+    what = "knee band" if banded else "knee"
+    ranges = {}
     for side, point in (("baseline", base), ("new run", new)):
         if point.confirmed is not True:
             return "inconclusive", f"the {side}'s knee is unconfirmed"
-        if not point.knee_interval or None in point.knee_interval:
-            return "inconclusive", f"the {side}'s knee interval is open ({_interval(point.knee_interval)})"
-    b_lo, b_hi = base.knee_interval
-    n_lo, n_hi = new.knee_interval
+        ranges[side] = point.knee_range if banded else point.knee_interval
+        if not ranges[side] or None in ranges[side]:
+            return "inconclusive", f"the {side}'s {what} is open ({_interval(ranges[side])})"
+    b_lo, b_hi = ranges["baseline"]
+    n_lo, n_hi = ranges["new run"]
+    b_text, n_text = _interval(ranges["baseline"]), _interval(ranges["new run"])
     if n_hi <= b_lo:
-        return "regressed", f"knee {_interval(new.knee_interval)} entirely below {_interval(base.knee_interval)}"
+        return "regressed", f"{what} {n_text} entirely below {b_text}"
     if n_lo >= b_hi:
-        return "improved", f"knee {_interval(new.knee_interval)} entirely above {_interval(base.knee_interval)}"
-    return "unchanged", f"knee {_interval(new.knee_interval)} overlaps {_interval(base.knee_interval)}"
+        return "improved", f"{what} {n_text} entirely above {b_text}"
+    return "unchanged", f"{what} {n_text} overlaps {b_text}"
 
 
 def _interval(knee: list[int | None] | None) -> str:
@@ -272,6 +289,10 @@ def compare(base: Run, new: Run, *, min_change: float = 0.0) -> Comparison:
                 new_knee_interval=n.knee_interval,
                 base_confirmed=b.confirmed,
                 new_confirmed=n.confirmed,
+                base_knee_range=b.knee_range,
+                new_knee_range=n.knee_range,
+                base_knee_fit=b.knee_fit,
+                new_knee_fit=n.knee_fit,
                 base_bound_by=b.bound_by,
                 new_bound_by=n.bound_by,
                 verdict=verdict,

@@ -97,17 +97,19 @@ def capacity_plot(c: Comparison, out_dir: Path) -> str | None:
             safe = getattr(cap, f"{side}_safe_concurrency")
             top = getattr(cap, f"{side}_max_passing_concurrency")
             value = safe if safe is not None else (top or 0)
-            knee = getattr(cap, f"{side}_knee_interval") or [None, None]
+            # The knee band from every step (its clean passes to the lowest load above every pass);
+            # the knee interval (max passing to the lowest failure) for points without one.
+            band = getattr(cap, f"{side}_knee_range")
+            lo, hi = band if band else (top, (getattr(cap, f"{side}_knee_interval") or [None, None])[1])
             heights.append(value)
-            if top is not None and knee[1] is not None:
-                # The knee interval, from the max passing concurrency to the lowest failing one.
+            if lo is not None and hi is not None:
                 ax.errorbar(
-                    [xs[len(heights) - 1] + offset], [(top + knee[1]) / 2], yerr=[(knee[1] - top) / 2],
+                    [xs[len(heights) - 1] + offset], [(lo + hi) / 2], yerr=[(hi - lo) / 2],
                     color="#222222", capsize=8, linewidth=2,
                 )  # fmt: skip
         ax.bar([x + offset for x in xs], heights, width=0.34, color=color, label="baseline" if side == "base" else "new run")
     ax.set_xticks(xs, [p.label.split(" ", 1)[0] for p in points], fontsize=9)
-    ax.set_ylabel("safe concurrency (bar); knee interval (whisker)", fontsize=9)
+    ax.set_ylabel("safe concurrency (bar); knee band (whisker)", fontsize=9)
     ax.set_title("Safe concurrency per point, before and after", fontsize=11)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)

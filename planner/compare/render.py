@@ -54,6 +54,11 @@ def _capacity_phrase(point: PointComparison) -> str | None:
         f" max passing {_int(cap.base_max_passing_concurrency)} -> {_int(cap.new_max_passing_concurrency)},"
         f" knee {_knee(cap.base_knee_interval)} -> {_knee(cap.new_knee_interval)}"
         + (
+            f", knee band from every step {_knee(cap.base_knee_range)} -> {_knee(cap.new_knee_range)}"
+            if cap.base_knee_range is not None or cap.new_knee_range is not None
+            else ""
+        )
+        + (
             f", bound by {cap.base_bound_by} -> {cap.new_bound_by}"
             if {cap.base_bound_by, cap.new_bound_by} - {None, "-"}
             else ""
@@ -128,18 +133,21 @@ def markdown(c: Comparison, plots: list[str]) -> str:
     out.append("")
     out.append("## Capacity per point")
     out.append("")
-    out.append("| point | verdict | safe before | safe after | max passing before | after | knee before | knee after | why |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out.append("| point | verdict | safe before | safe after | max passing before | after | knee before | knee after"
+               " | knee band before | knee band after | why |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for p in c.points:
         cap = p.capacity
         if cap is None:
-            out.append(f"| {p.label} | {p.verdict} | - | - | - | - | - | - | not searched |")
+            out.append(f"| {p.label} | {p.verdict} | - | - | - | - | - | - | - | - | not searched |")
             continue
         out.append(
             f"| {p.label} | {p.verdict} | {_int(cap.base_safe_concurrency)} | {_int(cap.new_safe_concurrency)}"
             f" | {_int(cap.base_max_passing_concurrency)} | {_int(cap.new_max_passing_concurrency)}"
             f" | {_knee(cap.base_knee_interval)}{'' if cap.base_confirmed else ' (unconfirmed)'}"
-            f" | {_knee(cap.new_knee_interval)}{'' if cap.new_confirmed else ' (unconfirmed)'} | {cap.reason} |"
+            f" | {_knee(cap.new_knee_interval)}{'' if cap.new_confirmed else ' (unconfirmed)'}"
+            f" | {_knee(cap.base_knee_range) if cap.base_knee_range else '-'}"
+            f" | {_knee(cap.new_knee_range) if cap.new_knee_range else '-'} | {cap.reason} |"
         )
     for p in c.points:
         out.append("")

@@ -18,6 +18,7 @@ from planner.sweep.results import PointResult, SweepResults
 from replay.identity import Identity, ModelIdentity
 from replay.results import ReplayResults, StepResult
 from replay.search import binding as binding_mod
+from replay.search import pass_fit
 
 RunKind = Literal["sweep", "replay"]
 
@@ -39,6 +40,11 @@ class RunPoint:
     failure: str | None = None
     # What bound the search, with the rules undecided there apart (replay.search.binding.describe).
     bound_by: str | None = None
+    # From every step (replay.search.pass_fit): where the knee lies, [highest load at and below
+    # which every step passed, lowest measured load above every pass], and the fitted answer.
+    # None where the point has no closed-loop step: compared by knee_interval then.
+    knee_range: list[int | None] | None = None
+    knee_fit: int | None = None
 
 
 @dataclass
@@ -70,7 +76,12 @@ def _search(result: PointResult | ReplayResults) -> dict[str, Any]:
     """What the search found, named alike in a sweep's point and in a replay, and what bound it
     with the rules undecided there apart (replay.search.binding.describe)."""
     found = {name: getattr(result, name) for name in ("confirmed", "knee_interval", "max_passing_concurrency", "steps")}
-    return found | {"bound_by": binding_mod.describe(result.binding_constraint, result.binding_undecided)}
+    fitted = pass_fit.fit(result.steps, result.knee_fit_level or pass_fit.DEFAULT_LEVEL)
+    return found | {
+        "bound_by": binding_mod.describe(result.binding_constraint, result.binding_undecided),
+        "knee_range": pass_fit.knee_range(fitted),
+        "knee_fit": fitted.knee_fit,
+    }
 
 
 def _sweep_point(p: PointResult) -> RunPoint:

@@ -28,6 +28,8 @@ from planner.vllm_args import flag_int
 from replay.slo import rules as slo_mod
 from replay.errors import SloSpecError
 from replay.results import ReplayResults
+from replay.search.pass_fit import DEFAULT_LEVEL
+from replay.search.verdicts import recommended_load
 
 # Where the container serves; the sweep's own host and port were this machine's.
 SERVE_PORT = 8000
@@ -187,10 +189,12 @@ def _from_sweep(source: Path, results: SweepResults, point_id: str | None) -> Me
         )
     where = f"{source.name} points[{p.id}]"
     headroom = results.settings.slo.headroom if results.settings.slo.headroom is not None else 0.0
-    safe = Figure(
-        p.safe_concurrency,
-        f"{where}.safe_concurrency = floor(max passing {p.max_passing_concurrency} x (1 - headroom {headroom:g}))",
+    read_at = (
+        f"knee_fit {p.knee_fit} (pass probability >= {p.knee_fit_level or DEFAULT_LEVEL:g} over every step)"
+        if p.answer_basis == "knee_fit"
+        else f"max passing {p.max_passing_concurrency}"
     )
+    safe = Figure(p.safe_concurrency, f"{where}.safe_concurrency = floor({read_at} x (1 - headroom {headroom:g}))")
     env = dict(getattr(results.settings.server, "env", None) or {})
     env.update({k: str(v) for k, v in (p.config.get("env") or {}).items()})
     command = p.command or (results.identity.server_command if results.identity else None) or []
@@ -250,11 +254,17 @@ def _from_replay(source: Path, results: ReplayResults, point_id: str | None, ser
             " --server-command 'vllm serve MODEL --flag value ...'"
         )
     command = shlex.split(server_command) if server_command is not None else list(recorded or [])
-    if results.max_passing_concurrency is None:
+    answer, basis = recommended_load(results.max_passing_concurrency, results.knee_fit, bool(results.pass_probability))
+    if answer is None:
+        if basis == "knee_fit":
+            raise ReportError(
+                f"{source}: no load of the replay reached pass probability {results.knee_fit_level or DEFAULT_LEVEL:g}"
+                " over every step; there is nothing safe to deploy"
+            )
         raise ReportError(f"{source}: the replay found no passing concurrency; there is nothing safe to deploy")
     program, model, revision, flags = _split_command(source, "replay", command)
     # A replay keeps no headroom: the highest passing concurrency is what was measured to pass.
-    safe = Figure(results.max_passing_concurrency, f"{source.name} max_passing_concurrency (a replay keeps no headroom)")
+    safe = Figure(answer, f"{source.name} {basis if basis == 'knee_fit' else 'max_passing_concurrency'} (a replay keeps no headroom)")
     return _point(
         source=source,
         point_id="replay",
@@ -269,7 +279,7 @@ def _from_replay(source: Path, results: ReplayResults, point_id: str | None, ser
         gpus=Figure(_flag_gpus(flags), "the server command's --tensor-parallel-size x --pipeline-parallel-size"),
         gpu_model=results.identity.hardware.model if results.identity and results.identity.hardware else None,
         safe=safe,
-        max_passing=Figure(results.max_passing_concurrency, f"{source.name} max_passing_concurrency"),
+        max_passing=Figure(results.max_passing_concurrency or answer, f"{source.name} max_passing_concurrency"),
         headroom=Figure(0.0, "a replay keeps no headroom"),
         slo={k: Figure(v, f"{source.name} slo.{k}") for k, v in results.slo.items() if _known(k)},
         startup=None,

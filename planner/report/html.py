@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from planner.report import markdown
 from planner.report.fleet import FleetPlan
+from planner.report.pass_plots import pass_plot_name
 from planner.report.plots import point_plot_name
 from planner.report.view import ReportData
 
@@ -205,6 +206,12 @@ def _section_plots(data: ReportData) -> Placement:
         # A point's latency plot first: it shows where the SLOs broke.
         steps = placed.setdefault(("steps", p.id if per_point else None), [])
         steps.insert(0, point_plot_name(data, p, "latency"))
+        # The knee read from every step: beside the recommendation for the best point.
+        fit_plot = pass_plot_name(p.id if per_point else None)
+        if p.id == data.best_id:
+            placed[("recommendation", None)].append(fit_plot)
+        else:
+            steps.insert(1, fit_plot)
         placed.setdefault(("server", p.id if per_point else None), []).append(point_plot_name(data, p, "time-split"))
     return placed
 

@@ -56,6 +56,17 @@ def _step_at(p: PointView, concurrency: int | None) -> StepResult | None:
     return next((s for s in p.steps if s.load.mode == "concurrency" and s.load.value == concurrency), None)
 
 
+def _answer_basis(p: PointView) -> str:
+    """Which load the answer was read at, in words (replay.search.verdicts.recommended_load)."""
+    if p.answer_basis == "knee_fit":
+        level = p.knee_fit_level or pass_fit.DEFAULT_LEVEL
+        return (
+            f"{num(p.knee_fit)}, the highest load whose pass probability fitted over every step is at least"
+            f" {level:g} (the search's highest pass below its lowest failure: {num(p.max_passing)})"
+        )
+    return f"{num(p.max_passing)}, the highest pass below the lowest failure (written before the fit over every step)"
+
+
 def _recommendation(data: ReportData) -> list[str]:
     out = ["## Recommendation", ""]
     best = data.best
@@ -79,7 +90,7 @@ def _recommendation(data: ReportData) -> list[str]:
                 f"- Throughput at that concurrency: **{num(step.output_tokens_per_s)} output tokens/s**, "
                 f"{num(step.requests_per_s, 2)} requests/s"
             )
-    fitted = pass_fit.fit(best.steps)
+    fitted = pass_fit.fit(best.steps, best.knee_fit_level or pass_fit.DEFAULT_LEVEL)
     if best.knee_interval is not None:
         lo, hi = best.knee_interval
         # A load that failed and also passed is not a clean fail: say so (replay.search.pass_fit).
@@ -119,14 +130,15 @@ def _recommendation(data: ReportData) -> list[str]:
             "- Undecided at that step (its window closed before these were shown either way; they did not bind): "
             + "; ".join(best.binding_undecided)
         )
+    out.append(f"- Answer read at: {_answer_basis(best)}")
     if data.kind == "sweep":
         out.append(
-            f"- Headroom kept: {pct(best.headroom)} below the highest passing concurrency "
-            f"({num(best.max_passing)} passed; {num(best.safe)} recommended"
+            f"- Headroom kept: {pct(best.headroom)} below that load "
+            f"({num(best.answer_load)}; {num(best.safe)} recommended"
             + (f"; configured headroom {pct(data.headroom_setting, 0)}, rounded down to whole requests)" if data.headroom_setting is not None else ")")
         )
     else:
-        out.append("- Headroom kept: none; this is the highest concurrency that passed (a sweep applies headroom)")
+        out.append("- Headroom kept: none; this is the load the answer was read at (a sweep applies headroom)")
     if data.best_reason:
         out.append(f"- Why this point: {data.best_reason}")
     if data.fresh_server:

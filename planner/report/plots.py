@@ -21,6 +21,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from planner.report.law_plots import law_plot, law_plot_name
+from planner.report.pass_plots import pass_plot, pass_plot_name
 from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import StepResult
 
@@ -411,6 +412,9 @@ def write_plots(data: ReportData, out_dir: Path) -> list[Path]:
         name = point_plot_name(data, p, "latency")
         title = f"{data.model or 'replay'}: latency against load" if data.kind == "replay" else f"{p.id}: latency against load"
         paths.append(latency_plot(p, data.slo, out_dir / name, title))
+        fit_title = f"{data.model or 'replay'}: pass probability against load" if data.kind == "replay" else f"{p.id}: pass probability against load"
+        if (fitted := pass_plot(p, data.slo, out_dir / pass_plot_name(None if data.kind == "replay" else p.id), fit_title)) is not None:
+            paths.append(fitted)
         split_name = point_plot_name(data, p, "time-split")
         split_title = f"{data.model or 'replay'}: queue, prefill and decode against load" if data.kind == "replay" else f"{p.id}: queue, prefill and decode against load"
         split = time_split_plot(p, out_dir / split_name, split_title)

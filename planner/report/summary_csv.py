@@ -33,6 +33,8 @@ POINT_COLUMNS = (
     # The knee read from every step (replay.search.pass_fit): pass probability >= 0.9, the band of
     # disagreeing loads, and the loads that both passed and failed (space-separated).
     "knee_fit", "knee_band_lo", "knee_band_hi", "contested_concurrency",
+    # The load safe_concurrency was read at: knee_fit, or max_passing in files written before the fit.
+    "answer_basis",
 )
 
 
@@ -101,7 +103,7 @@ def _side(ci95: dict | None, stat: str, side: int) -> float | None:
 
 
 def _point_fields(p: PointView) -> dict[str, Any]:
-    fitted = pass_fit.fit(p.steps)
+    fitted = pass_fit.fit(p.steps, p.knee_fit_level or pass_fit.DEFAULT_LEVEL)
     return {
         "point_id": p.id,
         "status": p.status,
@@ -120,6 +122,7 @@ def _point_fields(p: PointView) -> dict[str, Any]:
         "knee_band_lo": fitted.knee_band[0],
         "knee_band_hi": fitted.knee_band[1],
         "contested_concurrency": " ".join(map(str, fitted.contested)) or None,
+        "answer_basis": p.answer_basis,
     }
 
 

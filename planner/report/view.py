@@ -1,8 +1,8 @@
 """One shape for what a report shows, whether it came from a sweep or from a single replay.
 
 A replay is one server and no grid: it becomes a single point whose GPU count is unknown
-(replay.json does not record it) and whose safe concurrency is the highest passing one, since a
-replay keeps no headroom of its own.
+(replay.json does not record it) and whose safe concurrency is the load its answer was read at
+(the knee read from every step), since a replay keeps no headroom of its own.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from planner.sweep import fresh
 from planner.sweep.results import KneePrediction, NodeRank, PointResult, SpeedClassInfo, SweepResults
 from replay.results import ReplayResults, StepResult
 from replay.search import binding as binding_mod
+from replay.search import pass_fit
 from replay.search.policy import bracket
-from replay.search.verdicts import concurrency_history
+from replay.search.verdicts import concurrency_history, recommended_load
 
 LOAD_AXIS_LABELS = {
     "concurrency": "Concurrency (requests in flight)",
@@ -62,6 +63,11 @@ class PointView:
     knee_interval: tuple[int | None, int | None] | None = None
     # A point vLLM spread over nodes: where each rank ran (rank 0 first); empty on one node.
     ranks: tuple[NodeRank, ...] = ()
+    # The knee read from every step (replay.search.pass_fit) at its pass-probability level, and the
+    # load the answer was read at: "knee_fit", or "max_passing" for files written before the fit.
+    knee_fit: int | None = None
+    knee_fit_level: float | None = None
+    answer_basis: str | None = None
 
     @property
     def load_mode(self) -> str:
@@ -78,11 +84,16 @@ class PointView:
         return self.safe / self.gpus
 
     @property
+    def answer_load(self) -> int | None:
+        """The load the answer was read at: knee_fit, or max passing in files written before the fit."""
+        return self.knee_fit if self.answer_basis == "knee_fit" else self.max_passing
+
+    @property
     def headroom(self) -> float | None:
-        """The fraction of the highest passing concurrency left unused at the safe point."""
-        if self.safe is None or not self.max_passing:
+        """The fraction of the answer's load left unused at the safe point."""
+        if self.safe is None or not self.answer_load:
             return None
-        return 1.0 - self.safe / self.max_passing
+        return 1.0 - self.safe / self.answer_load
 
     def bound_by(self, none: str = "-") -> str:
         """The binding constraint, with the rules undecided there listed apart."""
@@ -166,6 +177,9 @@ def _point(p: PointResult) -> PointView:
         confirmed=p.confirmed,
         knee_interval=tuple(p.knee_interval) if p.knee_interval else None,
         ranks=tuple(p.ranks),
+        knee_fit=p.knee_fit,
+        knee_fit_level=p.knee_fit_level,
+        answer_basis=p.answer_basis or ("max_passing" if p.safe_concurrency is not None else None),
     )
 
 
@@ -201,21 +215,28 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
         # A fixed list of loads: bound by what its lowest failing step broke conclusively.
         bound_by = binding_mod.binding(concurrency_steps, min_failing, None)
         binding, undecided = bound_by.constraint, bound_by.undecided
+    # A replay keeps no headroom: its answer is the load it was read at, from every step when the
+    # steps can be fitted (fixed loads too), as a sweep's is.
+    fitted = pass_fit.fit(replay.steps, replay.knee_fit_level or pass_fit.DEFAULT_LEVEL)
+    answer, basis = recommended_load(max_passing, fitted.knee_fit, bool(fitted.points))
     point = PointView(
         id="replay",
         config={},
-        status="ok" if max_passing else "infeasible",
+        status="ok" if answer else "infeasible",
         gpus=None,
         steps=_sorted_steps(replay.steps),
         max_passing=max_passing,
         min_failing=min_failing,
-        safe=max_passing,
+        safe=answer,
         binding_constraint=binding,
         binding_undecided=tuple(undecided),
         disturbed_concurrency=tuple(replay.disturbed_concurrency),
         interference_allowed=replay.interference_allowed,
         confirmed=replay.confirmed,
         knee_interval=tuple(replay.knee_interval) if replay.knee_interval else None,
+        knee_fit=fitted.knee_fit,
+        knee_fit_level=fitted.level,
+        answer_basis=basis,
     )
     return ReportData(
         kind="replay",

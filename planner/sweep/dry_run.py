@@ -15,6 +15,7 @@ from planner.estimate import Estimate
 from planner.sweep.adaptive import launch_order, max_num_seqs_of
 from planner.sweep.classes import class_of, speed_classes
 from planner.sweep.config import SweepSettings
+from planner.sweep.duration import Expected, total_lines
 from planner.sweep.grid import Point
 from planner.sweep.results import PointResult
 
@@ -45,7 +46,10 @@ def class_lines(
     points: Sequence[Point],
     predictions: Mapping[str, object],
     mean_request_tokens: float | None,
+    expected_by_point: Mapping[str, Expected] | None = None,
 ) -> list[str]:
+    """The classes, each point's bound in launch order, and the expected total of the plan
+    (planner.sweep.duration.total_lines) when each point's expected duration is given."""
     memory = settings.sweep.memory_only_flags
     classes = speed_classes(points, memory)
     by_point = class_of(points, memory)
@@ -73,4 +77,11 @@ def class_lines(
         bound, source = estimated_bound(p, settings, predictions.get(p.id), mean_request_tokens)
         shown = "unknown before start-up" if bound is None else f"~{bound} ({bound / p.gpus:g} per GPU)"
         lines.append(f"  {p.id}: class {by_point[p.id].id}, upper bound {shown}: {source}")
+    if expected_by_point:
+        first_by_class: dict[str, str] = {}
+        for p in ordered:
+            first_by_class.setdefault(by_point[p.id].id, p.id)
+        lines += total_lines(
+            dict(expected_by_point), {p.id: by_point[p.id].id for p in points}, first_by_class, settings.sweep.strategy
+        )
     return lines

@@ -4,6 +4,7 @@ points (planner.sweep.point).
     run_sweep --- Executor.unplaceable(point)   refuse a point no machine here can ever hold
               --- Executor.inventory()           the GPUs points run on, as this machine sees them
               --- Executor.run(ctx, todo)        run every point, filling in its PointResult
+              --- Executor.confirm_fresh(...)    the recommended point on a fresh server
               --- Executor.close()
 
 Two implement it: LocalExecutor (planner.sweep.local: waves of points on this machine's GPUs) and
@@ -19,7 +20,7 @@ from planner.capacity import Failure
 from planner.gpus import Gpu
 from planner.sweep.grid import Point
 from planner.sweep.point import PointContext
-from planner.sweep.results import PointResult, SweepResults, write_results
+from planner.sweep.results import FreshServerCheck, PointResult, SweepResults, write_results
 
 # The points an executor runs, each with the result it fills in (the sweep's list holds it).
 Todo = list[tuple[Point, PointResult]]
@@ -48,6 +49,11 @@ class Executor(Protocol):
     async def run(self, ctx: SweepContext, todo: Todo) -> None:
         """Run every point of `todo`, saving `ctx` as results come. A cancel stops them all and
         goes on up, each point marked interrupted."""
+        ...
+
+    async def confirm_fresh(self, ctx: SweepContext, point: Point, result: PointResult) -> FreshServerCheck:
+        """[sweep] confirm_fresh_server: `point`'s server started again where this executor runs
+        points, and its safe concurrency measured once more (planner.sweep.fresh)."""
         ...
 
     def close(self) -> None: ...

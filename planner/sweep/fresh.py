@@ -10,8 +10,9 @@ It holds when that step passes. When it does not, the point is searched again on
 server's successor (a new start, the whole search), and the results keep both answers: the
 recommendation is not changed, and the report shows the two side by side.
 
-On by default: [sweep] confirm_fresh_server. It needs this machine's executor (a Ray sweep's
-servers run on the cluster's nodes) and is skipped, with a note, otherwise.
+On by default: [sweep] confirm_fresh_server. Each executor runs it where it runs points: the
+local one on this machine, Ray's as a task on a node that can hold the point
+(planner.sweep.ray_node.fresh_on_node). A point across nodes is not confirmed, and a note says so.
 """
 
 from __future__ import annotations

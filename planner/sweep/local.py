@@ -9,8 +9,10 @@ from planner import gpus as gpu_mod
 from planner.capacity import Failure
 from planner.sweep.config import SweepSettings
 from planner.sweep.executor import SweepContext, Todo
+from planner.sweep.fresh import confirm_on_fresh_server
 from planner.sweep.grid import Point
 from planner.sweep.point import record_prediction_error, run_point
+from planner.sweep.results import FreshServerCheck, PointResult
 
 
 class LocalExecutor:
@@ -38,6 +40,9 @@ class LocalExecutor:
                 " available",
             )
         return None
+
+    async def confirm_fresh(self, ctx: SweepContext, point: Point, result: PointResult) -> FreshServerCheck:
+        return await confirm_on_fresh_server(ctx.shared, point, result, save=ctx.save)
 
     async def run(self, ctx: SweepContext, todo: Todo) -> None:
         waves = gpu_mod.plan_placement([p.gpus for p, _ in todo], [g.index for g in self.inventory()])

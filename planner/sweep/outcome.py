@@ -13,7 +13,7 @@ from planner.sweep.results import INFEASIBLE_KINDS, Best, PointResult, PointStat
 from replay.results import StepResult
 from replay.search import binding as binding_mod
 from replay.search.pass_fit import DEFAULT_LEVEL
-from replay.search.verdicts import knee, knee_fields
+from replay.search.verdicts import knee, knee_fields, recommended_load
 
 UPPER_BOUND_CONSTRAINT = "kv_capacity_bound"
 
@@ -51,7 +51,8 @@ def conclude(
     r.confirmed, r.knee_interval = knee(r.steps)
     for name, value in knee_fields(r.steps, knee_level).items():
         setattr(r, name, value)
-    r.safe_concurrency = safe_concurrency(lo, headroom)
+    base, r.answer_basis = recommended_load(lo, r.knee_fit, bool(r.pass_probability))
+    r.safe_concurrency = safe_concurrency(base, headroom)
     r.gpus = gpus
     if r.safe_concurrency is not None:
         r.safe_concurrency_per_gpu = round(r.safe_concurrency / r.gpus, 3)
@@ -85,10 +86,12 @@ def metrics_lost(steps: list[StepResult]) -> tuple[str, list[str]] | None:
     return note, unchecked
 
 
-def safe_concurrency(max_passing: int | None, headroom: float) -> int | None:
-    if max_passing is None:
+def safe_concurrency(base: int | None, headroom: float) -> int | None:
+    """floor(base x (1 - headroom)), base being the load the answer was read at
+    (replay.search.verdicts.recommended_load)."""
+    if base is None:
         return None
-    return math.floor(max_passing * (1 - headroom))
+    return math.floor(base * (1 - headroom))
 
 
 def output_tokens_per_s_at(steps: list[StepResult], concurrency: int) -> float | None:

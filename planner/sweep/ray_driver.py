@@ -39,11 +39,11 @@ from planner.sweep.executor import SweepContext, Todo
 from planner.sweep.grid import Point
 from planner.sweep.observer import SweepObservers
 from planner.sweep.outcome import interrupted, knee_band_per_gpu
-from planner.sweep.point import record_prediction_error
-from planner.sweep.ray_node import NodeResult, point_on_node
+from planner.sweep.point import now, record_prediction_error
+from planner.sweep.ray_node import FreshResult, NodeResult, fresh_on_node, point_on_node
 from planner.sweep.ray_ranks import ACCELERATOR_PREFIX, node_models
 from planner.sweep.relay import dispatch
-from planner.sweep.results import PointResult
+from planner.sweep.results import FreshServerCheck, PointResult
 
 # A point asks for a sliver of it, which is enough to be placed only where it exists.
 ACCELERATOR_AMOUNT = 0.001
@@ -235,6 +235,33 @@ class RayExecutor:
                 _release(group)
             with contextlib.suppress(RayError):
                 ray.kill(relay.actor)
+
+    async def confirm_fresh(self, ctx: SweepContext, point: Point, result: PointResult) -> FreshServerCheck:
+        """The recommended point's server started again as a Ray task on a node that can hold it
+        (planner.sweep.ray_node.fresh_on_node); its logs come back into the output folder."""
+        shared = ctx.shared
+        bundle = self.bundle(point)
+        group = placement_group([bundle], strategy="STRICT_PACK")
+        try:
+            out: FreshResult = await fresh_on_node.options(
+                num_gpus=point.gpus_per_node,
+                num_cpus=self.executor.cpus_per_point,
+                resources={k: v for k, v in bundle.items() if k not in ("GPU", "CPU")},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
+                name=f"planner-fresh-{point.id}",
+            ).remote(ray.put(shared.settings), ray.put(shared.corpus), point, result)
+        except RayError as exc:
+            return FreshServerCheck(
+                point_id=result.id, concurrency=result.safe_concurrency or 0, started_at=now(),
+                note=f"the fresh-server confirmation's task failed on the cluster: {short_error(exc)}",
+            )  # fmt: skip
+        finally:
+            _release(group)
+        for relative, content in out.logs.items():
+            log = shared.output_dir / relative
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_bytes(content)
+        return out.check
 
     async def _collect(
         self,

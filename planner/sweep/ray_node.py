@@ -2,7 +2,8 @@
 its GPUs, exactly as a local sweep runs it (planner.sweep.point.run_point). Its saves and its
 observers' events go to the driver (planner.sweep.ray_driver) through a Ray queue; the task returns
 a NodeResult. A point across nodes is rank 0 here, with its other ranks as actors
-(planner.sweep.ray_ranks).
+(planner.sweep.ray_ranks). The recommended point's fresh-server confirmation runs the same way
+(fresh_on_node), on a node that can hold it.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from planner.capacity import Failure
 from planner.errors import PeerLost, PeerStartFailed
 from planner.ports import free_port
 from planner.sweep.config import SweepSettings
+from planner.sweep.fresh import confirm_on_fresh_server
 from planner.sweep.grid import Point
 from planner.sweep.outcome import ended_status
 from planner.sweep.point import PointContext, Save, run_point
 from planner.sweep.ray_ranks import HeadlessRanks, accelerator_type, local_gpus, rank_flags, rank_log_path
 from planner.sweep.relay import RelayObserver
-from planner.sweep.results import NodeRank, PointResult
+from planner.sweep.results import FreshServerCheck, NodeRank, PointResult
 from planner.vllm_log import log_tail
 from replay.corpus.jsonl import Corpus
 
@@ -196,6 +198,41 @@ def _went_down(result: PointResult) -> bool:
 
 def _models(ranks: list[NodeRank]) -> str | None:
     return ", ".join(sorted({r.gpu_model for r in ranks if r.gpu_model})) or None
+
+
+@dataclass
+class FreshResult:
+    """What a fresh-server confirmation's task returns: the check, and its servers' logs by their
+    path in the output folder (the node's working folder is gone by then)."""
+
+    check: FreshServerCheck
+    logs: dict[str, bytes] = field(default_factory=dict)
+
+
+async def _fresh_on_node(settings: SweepSettings, corpus: Corpus, point: Point, result: PointResult) -> FreshResult:
+    """The recommended point's server started again on this node, on the GPUs Ray gave the task,
+    and its safe concurrency measured once more, as a local sweep does (planner.sweep.fresh)."""
+    runtime = ray.get_runtime_context()
+    gpu_ids = tuple(str(g) for g in runtime.get_accelerator_ids().get("GPU", []))
+    workdir = Path(tempfile.mkdtemp(prefix=f"planner-fresh-{point.id}-"))
+    ctx = PointContext(settings=settings, corpus=corpus, output_dir=workdir, observers=[], gpu_inventory=local_gpus(gpu_ids))
+    here = result.model_copy(update={"gpu_ids": list(gpu_ids)})
+    try:
+        check = await confirm_on_fresh_server(ctx, point, here, save=lambda: None)
+        out = FreshResult(check)
+        again = check.searched_again
+        for relative in (check.log_path, again.log_path if again is not None else None):
+            path = workdir / (relative or "")
+            if relative and path.is_file():
+                out.logs[relative] = path.read_bytes()
+        return out
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@ray.remote
+def fresh_on_node(settings: SweepSettings, corpus: Corpus, point: Point, result: PointResult) -> FreshResult:
+    return asyncio.run(_fresh_on_node(settings, corpus, point, result))
 
 
 @ray.remote

@@ -209,8 +209,12 @@ class PointResult(ResultModel):
     max_passing_concurrency: int | None = None
     # The lowest concurrency that failed or was inconclusive.
     min_failing_concurrency: int | None = None
-    # floor(max_passing_concurrency x (1 - headroom)).
+    # floor(base x (1 - headroom)), base being the load answer_basis names: knee_fit (the knee
+    # read from every step) in files written since the fit; max_passing_concurrency in older ones.
     safe_concurrency: int | None = None
+    # Which load safe_concurrency was read at: "knee_fit" or "max_passing" (the search's highest
+    # pass below its lowest failure). Absent in files written before the fit: max_passing.
+    answer_basis: Literal["knee_fit", "max_passing"] | None = None
     # GPUs the point holds: tensor_parallel_size x pipeline_parallel_size.
     gpus: int = 1
     # The GPUs it ran on (CUDA_VISIBLE_DEVICES).

@@ -18,7 +18,6 @@ from planner.sweep.adaptive import finish, record_classes, run_adaptive
 from planner.sweep.config import SweepSettings, public_settings
 from planner.sweep.earlier import keep_partial, read_earlier, remove_stale_temporaries, set_aside
 from planner.sweep.executor import Executor, SweepContext, Todo
-from planner.sweep.fresh import confirm_on_fresh_server
 from planner.sweep.grid import Point, expand, fingerprint
 from planner.sweep.local import LocalExecutor
 from planner.sweep.lock import SweepLock
@@ -209,26 +208,28 @@ async def _sweep(
             said = next((p.vllm_version for p in ctx.results.points if p.vllm_version), None)
             ctx.results.identity = identity.model_copy(update={"vllm_version": said})
         ctx.save()
-    await _confirm_best(settings, ctx, points)
+    await _confirm_best(settings, ctx, points, executor)
     return ctx.results
 
 
-async def _confirm_best(settings: SweepSettings, ctx: SweepContext, points: list[Point]) -> None:
+async def _confirm_best(settings: SweepSettings, ctx: SweepContext, points: list[Point], executor: Executor) -> None:
     """[sweep] confirm_fresh_server: the recommended point once more on a fresh server."""
     best = ctx.results.best
     if best is None or not settings.sweep.confirm_fresh_server:
         return
     result = next(p for p in ctx.results.points if p.id == best.point_id)
     point = next((p for p in points if p.id == best.point_id), None)
-    if settings.executor.kind != "local" or point is None:
+    if point is None:
+        return
+    if point.nnodes > 1:
         ctx.results.fresh_server = FreshServerCheck(
             point_id=best.point_id, concurrency=result.safe_concurrency or 0,
-            note="the fresh-server confirmation runs with the local executor only",
+            note="the fresh-server confirmation runs one-node points only; this one spans nodes",
         )
     else:
         ctx.results.fresh_server = FreshServerCheck(point_id=best.point_id, concurrency=result.safe_concurrency or 0)
         try:
-            ctx.results.fresh_server = await confirm_on_fresh_server(ctx.shared, point, result, save=ctx.save)
+            ctx.results.fresh_server = await executor.confirm_fresh(ctx, point, result)
         except ServerStartFailed as exc:
             ctx.results.fresh_server.note = f"the fresh server did not start: {exc.failure.message}"
         except ReplayError as exc:

@@ -14,7 +14,7 @@ from replay.corpus.jsonl import Corpus
 from replay.errors import ReplayError
 from replay.identity import Identity, measured_identity, served_model_files
 from replay.results import CorpusInfo, ReplayResults, StepResult, write_json_atomic
-from replay.run.runner import Replay, planned_loads, search_start
+from replay.run.runner import Replay, StepMonitor, planned_loads, search_start
 from replay.run.settings import ReplaySettings
 from replay.search.binding import binding
 from replay.search.verdicts import knee, knee_fields
@@ -94,13 +94,15 @@ async def run_replay(
     observer: ReplayObserver | None = None,
     identity: Identity | None = None,
     probes: Callable[[], list[WindowProbe]] | None = None,
+    step_monitor: Callable[[], StepMonitor] | None = None,
 ) -> ReplayResults:
     """`planner replay`: the planned loads, then the search when `settings.find_max`.
 
     `identity` is what the caller knows of the server (the model's files, the hardware); the
     server's version, the served model, the corpus and the SLOs are filled in here. `probes`
     makes what each step's window watches (replay.step.environment; default: the CPUs, with the
-    server's processes unknown)."""
+    server's processes unknown); `step_monitor` runs around each step (the local server's GPU
+    sampler, planner.gpu_health, which is also a probe)."""
     check_loads(settings, corpus)
     async with settings.client(url, model=model, api_key=api_key, max_connections=pool_size(settings)) as client:
         served = await client.check()
@@ -130,7 +132,9 @@ async def run_replay(
             if output_dir is not None:
                 write_json_atomic(Path(output_dir) / RESULTS_FILE, results.model_dump(mode="json"))
 
-        replay = Replay(client, corpus, settings, slo, observer=observer, on_step=save, probes=probes)
+        replay = Replay(
+            client, corpus, settings, slo, observer=observer, on_step=save, probes=probes, step_monitor=step_monitor
+        )
         save()
         try:
             await replay.run_planned()

@@ -114,7 +114,9 @@ class Replay:
                     window or self.settings.window(self.slo),
                     think_per_request_s=self.think_per_request_s,
                     # Judged across steps: the tau and between-step spread of the steps so far.
-                    spread=spread_of(self.steps, self.slo) if self.slo else None,
+                    spread=spread_of(self.steps, self.slo, load.n if isinstance(load, Concurrency) else None)
+                    if self.slo
+                    else None,
                 ),
                 requests=self.corpus.requests,
                 sessions=self.corpus.sessions,

@@ -111,6 +111,18 @@ def fit_trials(verdicts: Sequence[tuple[int, str]], level: float = DEFAULT_LEVEL
     return KneeFit(points, max(at_level) if at_level else None, [all_pass, any_pass], contested, level)
 
 
+def knee_range(fit: KneeFit) -> list[int | None] | None:
+    """Where the knee lies, from every step: [the highest load at and below which every step
+    passed, the lowest measured load above every pass]. Either end is None when no load gives it
+    (nothing passed cleanly; nothing above the last pass was measured); None without steps.
+    Two runs' ranges are what `planner compare` sets side by side."""
+    if not fit.points:
+        return None
+    lo, hi = fit.knee_band
+    above = [p.concurrency for p in fit.points if hi is None or p.concurrency > hi]
+    return [lo, min(above) if above else None]
+
+
 def describe(fit: KneeFit) -> str | None:
     """One line for a report: "knee 43-52: 43 passed 2 of 2, 48 1 of 2; 0.9 pass probability up
     to 43"; None without steps."""

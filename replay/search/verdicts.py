@@ -45,6 +45,17 @@ def knee(steps: list[StepResult]) -> tuple[bool, list[int | None]]:
     return (lo is not None and is_confirmed(history, lo)), knee_interval(verdicts)
 
 
+def recommended_load(max_passing: int | None, knee_fit: int | None, fitted: bool) -> tuple[int | None, str]:
+    """The load a recommendation takes its headroom from, and which it is: the knee read from
+    every step (`knee_fit`: the highest measured load whose fitted pass probability is at the
+    configured level) whenever the point's steps were fitted, so that one lucky or unlucky step
+    does not move the answer; the search's own `max_passing` for a file written before the fit
+    (`fitted` false). A fit that found no load at its level recommends nothing."""
+    if fitted:
+        return knee_fit, "knee_fit"
+    return max_passing, "max_passing"
+
+
 def knee_fields(steps: list[StepResult], level: float = pass_fit.DEFAULT_LEVEL) -> dict[str, object]:
     """The result fields of the knee read from every step (replay.search.pass_fit)."""
     fitted = pass_fit.fit(steps, level)

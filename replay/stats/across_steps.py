@@ -12,19 +12,21 @@ a between-step margin* in the docs, docs/concepts/repeatability.md):
    `BATCHES` consecutive sub-windows of the step (tau = batch size x variance of the batch means
    / variance of the series), which sees correlation that the truncated sum misses, taken only
    where it exceeds what independent requests give in 95% of windows; and the tau
-   pooled over the point's earlier steps for the same rule (weighted by their requests), since
-   the correlation is the server's and the corpus's, not one window's.
+   pooled over the point's earlier steps for the same rule within `NEAR` (20%) of the load
+   (weighted by their requests), since the correlation is the server's and the corpus's at that
+   load, not one window's.
 2. **A step cannot see what it shares.** A factor common to every request of a step (the
    server's state when the step began, what the previous step left in its caches, which prompts
    the step drew) moves the whole window's figures together; no within-step estimate shows it.
    The point's steps do: repeated or out-of-order steps scatter around the monotone fit of the
    figure's log against load. The between-step standard deviation of the log figure is that
    scatter's variance less the steps' own (from their within-step intervals), pooled over the
-   point; each interval is widened by z x that on the log scale (a multiplicative margin), and a
-   percentile passes only when it clears `bound x exp(-z x sd)` on the order-statistic test, and
-   fails only when it breaks `bound x exp(+z x sd)`. Until the point has a repeated or
-   out-of-order step there is no scatter to read and the margin is zero; it is at most
-   `MAX_LOG_SD` (a factor of 1.63), past which the steps near the bound are coin tosses that
+   point's steps within `NEAR` (20%) of the load being judged, since steps near saturation
+   scatter more than steps below it. Each interval is widened by z x that on the log scale (a
+   multiplicative margin), and a percentile passes only when it clears `bound x exp(-z x sd)` on
+   the order-statistic test, and fails only when it breaks `bound x exp(+z x sd)`. Until the point
+   has a repeated or out-of-order step near the load there is no scatter to read and the margin
+   is zero; it is at most `MAX_LOG_SD` (a factor of 1.63), past which the steps near the bound are coin tosses that
    the pass-probability fit (replay.search.pass_fit) reports.
 
 Both apply to the figure's interval (`StepResult.slo_ci95`) and to the exceedance count behind
@@ -59,6 +61,9 @@ BATCH_SIGNIFICANT = 16.918977604620448 / 9
 # spread a point's steps are coin tosses near the bound, and the pass-probability fit
 # (replay.search.pass_fit), not the margin, says so.
 MAX_LOG_SD = 0.25
+# The steps whose scatter a verdict at load L takes its between-step sd from: loads within this
+# share of L (spread_of).
+NEAR = 0.2
 _PERCENTILE_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p95|p99)_ms$")
 
 
@@ -163,24 +168,29 @@ def checks(
     return out
 
 
-def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float]) -> Spread:
+def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float | None = None) -> Spread:
     """The pooled tau and the between-step log sd of each percentile rule over a point's
-    closed-loop steps (see the module docstring)."""
+    closed-loop steps (see the module docstring). With `load` (the step about to be judged), both
+    come from the steps within `NEAR` of it only: how strongly requests correlate and how much
+    steps scatter depend on the load (near saturation a full KV cache, preemptions and the queue
+    make each step's figures depend on where the server stood), and what steps at 56 in flight
+    showed says nothing of steps at 30."""
     # A disturbed step (replay.step.environment) measured something else too: left out like an
     # unresolved one.
     closed = [
         s for s in steps if s.load.mode == "concurrency" and s.slo_verdict != "unresolved" and not s.disturbed
     ]
+    near = closed if load is None else [s for s in closed if abs(s.load.value - load) <= NEAR * load]
     taus: dict[str, float] = {}
     sds: dict[str, float] = {}
     for key in slo:
         rule = percentile_rule(key)
         if rule is None:
             continue
-        weighted = [(s.requests_ok, s.slo_tau[key]) for s in closed if key in s.slo_tau and s.requests_ok]
+        weighted = [(s.requests_ok, s.slo_tau[key]) for s in near if key in s.slo_tau and s.requests_ok]
         if weighted:
             taus[key] = sum(n * t for n, t in weighted) / sum(n for n, _ in weighted)
-        sd = min(between_step_log_sd(closed, key), MAX_LOG_SD)
+        sd = min(between_step_log_sd(near, key), MAX_LOG_SD)
         if sd > 0:
             sds[key] = sd
     return Spread(tau=taus, log_sd=sds)

@@ -191,6 +191,10 @@ def test_points_run_on_both_nodes_on_disjoint_gpus_with_the_local_results(cluste
         assert "Starting vLLM" in (tmp_path / "ray-out" / r.log_path).read_text()
     # Which of two equal points wins is a throughput tie-break, a timing: compare what it won on.
     assert on_ray.best.safe_concurrency_per_gpu == local.best.safe_concurrency_per_gpu == 1
+    # The recommended point measured again on a fresh server, as a Ray task on a node; its log came back.
+    fresh = on_ray.fresh_server
+    assert fresh is not None and fresh.point_id == on_ray.best.point_id and fresh.held is True, fresh
+    assert "Starting vLLM" in (tmp_path / "ray-out" / fresh.log_path).read_text()
 
     assert len({p.node_id for p in on_ray.points}) == 2, "both GPU nodes ran points"
 

@@ -144,3 +144,27 @@ def test_the_margin_is_capped_so_one_wild_pair_does_not_stop_every_verdict() -> 
         for v, p90 in (("pass", 4.0), ("fail", 40.0))
     ]
     assert spread_of(steps, {"tpot_p90_ms": 20.0}).log_sd == {"tpot_p90_ms": MAX_LOG_SD}
+
+
+def test_the_spread_and_the_pooled_tau_are_read_near_the_load_judged() -> None:
+    from replay.stats.across_steps import spread_of
+    from replay.results import LatencySummary, LoadSpec
+    from tests.fakes.results import make_step
+
+    def step(c: int, p90: float, tau: float):
+        return make_step(
+            load=LoadSpec(mode="concurrency", value=c), requests_ok=100, slo_verdict="pass", slo_tau={"tpot_p90_ms": tau},
+            tpot_ms=LatencySummary(p90=p90, ci95={"p90": [p90 * 0.98, p90 * 1.02]}),
+        )
+
+    slo_ = {"tpot_p90_ms": 30.0}
+    # The demo's 32M point: near saturation 56 read 26.7 and 29.1 ms, 53 read 32.8, their tau 10;
+    # at 30 the steps agree and their requests correlate less.
+    saturated = [step(56, 26.7, 10.0), step(56, 29.1, 10.0), step(53, 32.8, 10.0)]
+    below = [step(30, 19.0, 2.0), step(33, 20.9, 2.0)]
+    near_knee = spread_of(saturated + below, slo_, load=55)
+    assert near_knee.log_sd["tpot_p90_ms"] > 0.05 and near_knee.tau == {"tpot_p90_ms": 10.0}
+    judged_low = spread_of(saturated + below, slo_, load=31)
+    assert judged_low.log_sd == {} and judged_low.tau == {"tpot_p90_ms": 2.0}
+    # Without a load (a caller that judges no particular step): every step, as before.
+    assert spread_of(saturated + below, slo_).tau == {"tpot_p90_ms": 6.8}

@@ -279,9 +279,12 @@ def test_the_adaptive_dry_run_shows_classes_bounds_and_launch_order(offline_hub,
     assert lines[3].startswith("strategy: adaptive: highest bound per GPU first")
     assert lines[4] == "plan, in launch order:"
     # tp 8 leaves each GPU more memory for the KV pool after its share of the weights: it runs first.
-    assert [line.split(":")[0].strip() for line in lines[5:]] == ["02-mml16384-tp8", "04-mml65536-tp8", "01-mml16384-tp4", "03-mml65536-tp4"]
+    assert [line.split(":")[0].strip() for line in lines[5:-1]] == ["02-mml16384-tp8", "04-mml65536-tp8", "01-mml16384-tp4", "03-mml65536-tp4"]
     assert all("class c2, upper bound ~" in line for line in lines[5:7])
-    assert all("per GPU)" in line for line in lines[5:])
+    assert all("per GPU)" in line for line in lines[5:-1])
+    # The plan's total: one full search per class (02 and 01 first in their class), the other
+    # points verified in two steps, up to every point searched in full.
+    assert lines[-1].startswith("expected total: adaptive ~") and "if every verification falls back to a full search" in lines[-1]
 
 
 def test_resume_keeps_a_settled_point_under_adaptive_and_reruns_it_under_exhaustive(tmp_path):

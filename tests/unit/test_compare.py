@@ -179,8 +179,11 @@ def test_a_point_the_adaptive_strategy_did_not_search_is_compared_only_with_its_
 
 
 def test_a_slower_statistic_regresses_its_point_and_names_load_and_statistic(tmp_path):
-    base = _sweep(tmp_path, "a", [_point("p0", {"mml": 1}, steps=[_step(4, 20.0, [19.0, 21.0]), _step(8, 30.0, [29.0, 31.0])])])
-    new = _sweep(tmp_path, "b", [_point("p0", {"mml": 1}, steps=[_step(4, 20.2, [19.2, 21.2]), _step(8, 36.0, [35.0, 37.0])])])
+    # The knee (8, 9) as the steps give it: 9 failed in a window closed before any request ended
+    # (no figure to compare there).
+    failed_9 = make_step(load=LoadSpec(mode="concurrency", value=9), requests_ok=0, slo_pass=False)
+    base = _sweep(tmp_path, "a", [_point("p0", {"mml": 1}, steps=[_step(4, 20.0, [19.0, 21.0]), _step(8, 30.0, [29.0, 31.0]), failed_9])])
+    new = _sweep(tmp_path, "b", [_point("p0", {"mml": 1}, steps=[_step(4, 20.2, [19.2, 21.2]), _step(8, 36.0, [35.0, 37.0]), failed_9])])
     c = compare(load_run(base), load_run(new))
     assert c.verdict == "regressed" and c.regressed() and c.tests == 4
     point = c.points[0]
@@ -327,3 +330,32 @@ def test_what_bound_each_search_is_compared_with_the_undecided_rules_apart(tmp_p
         "knee [31, 32] -> [20, 21], bound by tpot_p50_ms -> kv_cache_usage_max"
         " (undecided there: tpot_p50_ms: undecided after 13 requests))"
     ) in out
+
+
+def test_capacity_compares_the_knee_bands_from_every_step_not_single_numbers():
+    def banded(knee, band) -> RunPoint:
+        return RunPoint(
+            key="k", label="p", config={}, status="ok", gpus=1, searched=True, confirmed=True,
+            knee_interval=list(knee), max_passing_concurrency=knee[0], safe_concurrency=None, knee_range=list(band),
+        )  # fmt: skip
+
+    # Run 1 and run 2 of issue 35: their knee intervals [50, 51] and [43, 45] are disjoint, a
+    # "regression" by single numbers; their bands from every step overlap: 48-52 were contested.
+    run1, run2 = banded((50, 51), (50, 51)), banded((43, 45), (43, 53))
+    assert capacity_verdict(run1, run2) == ("unchanged", "knee band [43, 53] overlaps [50, 51]")
+    assert capacity_verdict(run1, banded((40, 41), (40, 42))) == ("regressed", "knee band [40, 42] entirely below [50, 51]")
+    assert capacity_verdict(run1, banded((60, 61), (49, None)))[1] == "the new run's knee band is open ([49, ?])"
+
+
+def test_a_sweep_file_is_compared_by_the_band_its_steps_give(tmp_path):
+    def verdict_step(c: int, verdict: str):
+        return make_step(load=LoadSpec(mode="concurrency", value=c), slo_pass=verdict == "pass", slo_verdict=verdict)
+
+    contested = [verdict_step(c, v) for c, v in ((43, "pass"), (48, "pass"), (48, "fail"), (50, "fail"), (43, "pass"))]
+    base = _sweep(tmp_path, "a", [_point("p0", {"max_model_len": 8192}, knee=(48, 50), steps=contested)])
+    clean = [verdict_step(c, v) for c, v in ((40, "pass"), (44, "fail"), (40, "pass"))]
+    new = _sweep(tmp_path, "b", [_point("p0", {"max_model_len": 8192}, knee=(40, 44), steps=clean)])
+    point = compare(load_run(base), load_run(new)).points[0]
+    assert (point.capacity.base_knee_range, point.capacity.new_knee_range) == ([43, 50], [40, 44])
+    assert (point.capacity.base_knee_fit, point.capacity.new_knee_fit) == (43, 40)
+    assert point.capacity.verdict == "unchanged" and point.capacity.reason == "knee band [40, 44] overlaps [43, 50]"

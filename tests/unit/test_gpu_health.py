@@ -112,3 +112,20 @@ def test_the_sampler_is_the_steps_gpu_probe(tmp_path: Path):
     reasons = disturbances(env, Interference())
     assert any("another compute process" in r for r in reasons)
     assert any(r.startswith("GPU 1 was throttled for 100% of the window") for r in reasons)
+
+
+def test_a_local_servers_gpus_are_those_its_processes_compute_on(tmp_path: Path):
+    from planner.gpu_health import server_gpus
+    from planner.gpus import Gpu
+
+    (tmp_path / "smi.py").write_text(FAKE_SMI)
+    (tmp_path / "health.csv").write_text("")
+    gpus = [Gpu(index="0", uuid=UUID0, name="H100", memory_total_mib=81559), Gpu(index="1", uuid=UUID1, name="H100", memory_total_mib=81559)]
+    smi = [sys.executable, str(tmp_path / "smi.py")]
+    # The server (this process) computes on GPU 1; another process on GPU 0 is not the server's.
+    (tmp_path / "apps.csv").write_text(f"{UUID0}, 1, burn, 1024\n{UUID1}, {os.getpid()}, python3, 60210\n")
+    assert server_gpus({os.getpid()}, gpus, nvidia_smi=smi) == (["1"], None)
+    # None of the server's processes listed: every GPU is watched, and the note says why.
+    ids, note = server_gpus({999999999}, gpus, nvidia_smi=smi)
+    assert ids == ["0", "1"] and "every GPU here is watched" in note
+    assert server_gpus({os.getpid()}, [], nvidia_smi=smi)[0] == []

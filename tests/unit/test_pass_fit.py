@@ -75,3 +75,15 @@ def test_a_rule_near_its_bound_over_the_top_loads_is_named():
     ]
     # Rising through the bound is a knee, not a flat metric.
     assert little_margin([step(32, 16.0), step(45, 22.0), step(52, 40.0)], {"tpot_p90_ms": 30.0}) == []
+
+
+def test_the_knee_range_runs_from_the_clean_passes_to_the_first_load_above_every_pass():
+    from replay.search.pass_fit import knee_range
+
+    contested = fit_trials([(43, "pass"), (48, "pass"), (48, "fail"), (52, "pass"), (52, "fail"), (55, "fail")])
+    assert contested.knee_band == [43, 52]
+    assert knee_range(contested) == [43, 55]
+    # Nothing measured above the last pass: open above; nothing passed cleanly: open below.
+    assert knee_range(fit_trials([(8, "pass"), (16, "pass")])) == [16, None]
+    assert knee_range(fit_trials([(8, "fail"), (8, "pass"), (16, "fail")])) == [None, 16]
+    assert knee_range(fit_trials([])) is None

@@ -83,6 +83,8 @@ def test_sweep_report_writes_every_file(sweep_report: tuple[Path, list[Path]]) -
     measured = [p for p in sweep.points if p.steps]
     expected = {"report.md", "report.html", "summary.csv", "throughput.png", "kv-cache.png", "safe-concurrency-heatmap.png", "kv-tokens.png"}
     expected |= {f"latency-{p.id}.png" for p in measured}
+    # The knee read from every step, for each point with closed-loop steps.
+    expected |= {f"pass-{p.id}.png" for p in measured if any(s.load.mode == "concurrency" for s in p.steps)}
     assert names == expected
     for path in paths:
         assert path.is_file() and path.parent == out
@@ -107,9 +109,12 @@ def test_recommendation_comes_first_with_the_fixture_numbers(sweep_report: tuple
     assert f"({best.safe_concurrency} concurrent requests per server on {best.gpus} GPUs)" in rec
     assert f"**{best.output_tokens_per_s_per_gpu:,.1f} output tokens/s**" in rec
     assert f"`{best.binding_constraint}`, first violated at concurrency {best.min_failing_concurrency}" in rec
+    # The fixture predates the fit over every step (no answer_basis): its answer was read at max passing.
+    assert best.answer_basis is None
+    assert f"Answer read at: {best.max_passing_concurrency}, the highest pass below the lowest failure" in rec
     headroom = 1 - best.safe_concurrency / best.max_passing_concurrency
-    assert f"{headroom * 100:.1f}% below the highest passing concurrency" in rec
-    assert f"({best.max_passing_concurrency} passed; {best.safe_concurrency} recommended; configured headroom 10%" in rec
+    assert f"{headroom * 100:.1f}% below that load" in rec
+    assert f"({best.max_passing_concurrency}; {best.safe_concurrency} recommended; configured headroom 10%" in rec
     assert " ".join(best.command) in rec
 
 
@@ -185,7 +190,9 @@ def test_replay_report_has_the_per_step_plots_only(tmp_path: Path) -> None:
     out = _copy(tmp_path, "replay")
     replay = _replay()
     paths = write_report(out)
-    assert {p.name for p in paths} == {"report.md", "report.html", "summary.csv", "latency.png", "throughput.png", "kv-cache.png"}
+    assert {p.name for p in paths} == {
+        "report.md", "report.html", "summary.csv", "latency.png", "pass.png", "throughput.png", "kv-cache.png"
+    }
     for path in paths:
         if path.suffix == ".png":
             _check_png(path)

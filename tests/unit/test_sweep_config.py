@@ -170,7 +170,8 @@ def test_dry_run_prints_the_grid_and_every_command_without_secrets(tmp_path, cap
         "  01-mml2048-kv_cache_memory_bytes1M: class c1, upper bound unknown before start-up: read from the server at"
         " start-up (give --request-duration-s for the estimate's)"
     )
-    assert len(out) == 16
+    assert out[16] == "expected total: unknown (no point's duration is known; give --request-duration-s)"
+    assert len(out) == 17
     assert "s3cret" not in "\n".join(out)
 
 

@@ -35,3 +35,22 @@ def test_step_wall_time_and_rough_token_counts():
     requests = [SimpleNamespace(prompt="x" * 40, messages=None, max_tokens=20),
                 SimpleNamespace(prompt=None, messages=[{"content": "y" * 80}], max_tokens=None)]
     assert mean_request_tokens(requests, 16) == pytest.approx(((10 + 20) + (20 + 16)) / 2)
+
+
+def test_the_dry_runs_total_costs_the_adaptive_plan_between_its_law_holding_and_every_fallback():
+    from planner.sweep.duration import Expected, total_lines
+
+    # Two classes of two points each: 600 s a full search of 6 steps (100 s a step).
+    expected_by_point = {pid: Expected("x", 600.0, 6) for pid in ("a1", "a2", "b1", "b2")}
+    expected_by_point["c1"] = Expected("unknown")
+    classes = {"a1": "A", "a2": "A", "b1": "B", "b2": "B", "c1": "C"}
+    first = {"A": "a1", "B": "b1", "C": "c1"}
+    (exhaustive,) = total_lines(expected_by_point, classes, first, "exhaustive")
+    assert exhaustive == "expected total: ~40 min 00 s of search, every point searched in full; 1 point of unknown duration left out"
+    (adaptive,) = total_lines(expected_by_point, classes, first, "adaptive")
+    # a1 and b1 in full (1,200 s), a2 and b2 verified in 2 steps each (400 s): 1,600 s.
+    assert adaptive.startswith("expected total: adaptive ~26 min 40 s of search when each class's law holds")
+    assert "up to ~40 min 00 s if every verification falls back" in adaptive
+    assert total_lines({"a1": Expected("unknown")}, {"a1": "A"}, {"A": "a1"}, "adaptive") == [
+        "expected total: unknown (no point's duration is known; give --request-duration-s)"
+    ]

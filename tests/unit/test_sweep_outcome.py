@@ -136,3 +136,28 @@ def test_the_knee_band_per_gpu_divides_each_edge_by_the_points_gpus():
     r.knee_band = [None, 5]
     assert knee_band_per_gpu(r) == (None, 2.5)
     assert knee_band_per_gpu(PointResult(id="q", config={}, command=[], fingerprint="f", status="pending")) is None
+
+
+def test_the_answer_is_read_at_the_knee_fit_not_at_one_lucky_step():
+    # Run 2 of issue 35 in small: 48 passed once and failed once, 43 passed twice. The search's
+    # own highest pass below its lowest failure is 48; every step together says 43.
+    steps = [step(43, True, 1.0), step(48, True, 1.0), step(48, False, 1.0), step(50, False, 1.0), step(43, True, 1.0)]
+    r = _concluded(steps, 48, 50, gpus=1)
+    assert (r.max_passing_concurrency, r.knee_fit, r.answer_basis) == (48, 43, "knee_fit")
+    assert r.safe_concurrency == 32  # floor(43 x 0.75), not floor(48 x 0.75) = 36
+    assert r.contested_concurrency == [48]
+
+
+def test_a_fit_that_finds_no_load_at_its_level_recommends_nothing():
+    r = _concluded([step(8, True, 1.0), step(8, False, 1.0), step(16, False, 1.0)], 8, 16, gpus=1)
+    assert r.max_passing_concurrency == 8 and r.knee_fit is None
+    assert r.safe_concurrency is None and r.safe_concurrency_per_gpu is None
+    assert choose_best([r]) is None
+
+
+def test_a_point_without_closed_loop_steps_keeps_the_searchs_own_answer():
+    from replay.search.verdicts import recommended_load
+
+    assert recommended_load(12, None, fitted=False) == (12, "max_passing")
+    assert recommended_load(12, 10, fitted=True) == (10, "knee_fit")
+    assert recommended_load(12, None, fitted=True) == (None, "knee_fit")
