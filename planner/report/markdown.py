@@ -90,7 +90,7 @@ def _recommendation(data: ReportData) -> list[str]:
                 f"- Throughput at that concurrency: **{num(step.output_tokens_per_s)} output tokens/s**, "
                 f"{num(step.requests_per_s, 2)} requests/s"
             )
-    fitted = pass_fit.fit(best.steps, best.knee_fit_level or pass_fit.DEFAULT_LEVEL)
+    fitted = best.fit
     if best.knee_interval is not None:
         lo, hi = best.knee_interval
         # A load that failed and also passed is not a clean fail: say so (replay.search.pass_fit).

@@ -35,7 +35,7 @@ def pass_plot_name(point_id: str | None) -> str:
 
 def pass_plot(p: PointView, slo: Mapping[str, float], path: Path, title: str) -> Path | None:
     """None when the point has no closed-loop step to fit."""
-    fitted = pass_fit.fit(p.steps, p.knee_fit_level or pass_fit.DEFAULT_LEVEL)
+    fitted = p.fit
     if not fitted.points:
         return None
     fig = Figure(figsize=(9.0, 7.6), layout="constrained")

@@ -9,7 +9,6 @@ from typing import Any
 from planner.report import environment
 from planner.report.view import PointView, ReportData
 from replay.results import StepResult
-from replay.search import pass_fit
 
 STEP_COLUMNS = (
     "load_mode", "load_value", "requests_ok", "requests_failed", "requests_per_s", "output_tokens_per_s",
@@ -103,7 +102,7 @@ def _side(ci95: dict | None, stat: str, side: int) -> float | None:
 
 
 def _point_fields(p: PointView) -> dict[str, Any]:
-    fitted = pass_fit.fit(p.steps, p.knee_fit_level or pass_fit.DEFAULT_LEVEL)
+    fitted = p.fit
     return {
         "point_id": p.id,
         "status": p.status,

@@ -7,6 +7,7 @@ A replay is one server and no grid: it becomes a single point whose GPU count is
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -82,6 +83,12 @@ class PointView:
         if self.safe is None or self.gpus is None:
             return None
         return self.safe / self.gpus
+
+    @functools.cached_property
+    def fit(self) -> pass_fit.KneeFit:
+        """The knee read from every step (replay.search.pass_fit) at the point's level, computed
+        once for the report's text, table and plot."""
+        return pass_fit.fit(self.steps, self.knee_fit_level or pass_fit.DEFAULT_LEVEL)
 
     @property
     def answer_load(self) -> int | None:
