@@ -112,7 +112,7 @@ def replay_summary(results: ReplayResults) -> list[str]:
                 f"knee between {lo if lo is not None else 'none'} (conclusive pass) and {hi if hi is not None else 'none'}"
                 f" (conclusive fail); {'confirmed' if results.confirmed else 'not confirmed'} on fresh prompts"
             )
-        band = pass_fit.describe(pass_fit.fit(results.steps, results.knee_fit_level or pass_fit.DEFAULT_LEVEL))
+        band = pass_fit.describe(pass_fit.fit(results.steps, results.knee_fit_level))
         if band is not None:
             lines.append(f"from every step: {band}")
     lines.extend(disturbed_lines(results.steps, results.disturbed_concurrency, results.interference_allowed))

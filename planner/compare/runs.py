@@ -76,7 +76,7 @@ def _search(result: PointResult | ReplayResults) -> dict[str, Any]:
     """What the search found, named alike in a sweep's point and in a replay, and what bound it
     with the rules undecided there apart (replay.search.binding.describe)."""
     found = {name: getattr(result, name) for name in ("confirmed", "knee_interval", "max_passing_concurrency", "steps")}
-    fitted = pass_fit.fit(result.steps, result.knee_fit_level or pass_fit.DEFAULT_LEVEL)
+    fitted = pass_fit.fit(result.steps, result.knee_fit_level)
     return found | {
         "bound_by": binding_mod.describe(result.binding_constraint, result.binding_undecided),
         "knee_range": pass_fit.knee_range(fitted),

@@ -28,7 +28,7 @@ from planner.vllm_args import flag_int
 from replay.slo import rules as slo_mod
 from replay.errors import SloSpecError
 from replay.results import ReplayResults
-from replay.search.pass_fit import DEFAULT_LEVEL
+from replay.search.pass_fit import level_of
 from replay.search.verdicts import recommended_load
 
 # Where the container serves; the sweep's own host and port were this machine's.
@@ -190,7 +190,7 @@ def _from_sweep(source: Path, results: SweepResults, point_id: str | None) -> Me
     where = f"{source.name} points[{p.id}]"
     headroom = results.settings.slo.headroom if results.settings.slo.headroom is not None else 0.0
     read_at = (
-        f"knee_fit {p.knee_fit} (pass probability >= {p.knee_fit_level or DEFAULT_LEVEL:g} over every step)"
+        f"knee_fit {p.knee_fit} (pass probability >= {level_of(p.knee_fit_level):g} over every step)"
         if p.answer_basis == "knee_fit"
         else f"max passing {p.max_passing_concurrency}"
     )
@@ -258,7 +258,7 @@ def _from_replay(source: Path, results: ReplayResults, point_id: str | None, ser
     if answer is None:
         if basis == "knee_fit":
             raise ReportError(
-                f"{source}: no load of the replay reached pass probability {results.knee_fit_level or DEFAULT_LEVEL:g}"
+                f"{source}: no load of the replay reached pass probability {level_of(results.knee_fit_level):g}"
                 " over every step; there is nothing safe to deploy"
             )
         raise ReportError(f"{source}: the replay found no passing concurrency; there is nothing safe to deploy")

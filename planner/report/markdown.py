@@ -59,12 +59,25 @@ def _step_at(p: PointView, concurrency: int | None) -> StepResult | None:
 def _answer_basis(p: PointView) -> str:
     """Which load the answer was read at, in words (replay.search.verdicts.recommended_load)."""
     if p.answer_basis == "knee_fit":
-        level = p.knee_fit_level or pass_fit.DEFAULT_LEVEL
+        level = pass_fit.level_of(p.knee_fit_level)
         return (
             f"{num(p.knee_fit)}, the highest load whose pass probability fitted over every step is at least"
             f" {level:g} (the search's highest pass below its lowest failure: {num(p.max_passing)})"
         )
     return f"{num(p.max_passing)}, the highest pass below the lowest failure (written before the fit over every step)"
+
+
+def _lowest_non_pass(p: PointView) -> str:
+    """Where the search's bracket ends: "first violated" only where a step there failed
+    conclusively; the bracket also ends at a step that was only inconclusive (it did not pass),
+    which violated nothing shown."""
+    if p.min_failing is None:
+        return ""
+    verdicts = {s.slo_verdict or ("pass" if s.slo_pass else "fail") for s in p.steps
+                if s.load.mode == "concurrency" and s.load.value == p.min_failing and not s.disturbed}
+    if "fail" in verdicts or not verdicts:
+        return f", first violated at concurrency {p.min_failing}"
+    return f", lowest step that did not pass: concurrency {p.min_failing} (inconclusive, nothing violated conclusively)"
 
 
 def _recommendation(data: ReportData) -> list[str]:
@@ -123,7 +136,7 @@ def _recommendation(data: ReportData) -> list[str]:
         binding = "no rule failed conclusively"
     else:
         binding = f"`{best.binding_constraint or 'none reached (the search hit its ceiling)'}`"
-    fail_at = f", first violated at concurrency {best.min_failing}" if best.min_failing is not None else ""
+    fail_at = _lowest_non_pass(best)
     out.append(f"- Binding constraint: {binding}{fail_at}")
     if best.binding_undecided:
         out.append(

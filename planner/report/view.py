@@ -88,7 +88,7 @@ class PointView:
     def fit(self) -> pass_fit.KneeFit:
         """The knee read from every step (replay.search.pass_fit) at the point's level, computed
         once for the report's text, table and plot."""
-        return pass_fit.fit(self.steps, self.knee_fit_level or pass_fit.DEFAULT_LEVEL)
+        return pass_fit.fit(self.steps, self.knee_fit_level)
 
     @property
     def answer_load(self) -> int | None:
@@ -224,7 +224,7 @@ def from_replay(source: Path, replay: ReplayResults) -> ReportData:
         binding, undecided = bound_by.constraint, bound_by.undecided
     # A replay keeps no headroom: its answer is the load it was read at, from every step when the
     # steps can be fitted (fixed loads too), as a sweep's is.
-    fitted = pass_fit.fit(replay.steps, replay.knee_fit_level or pass_fit.DEFAULT_LEVEL)
+    fitted = pass_fit.fit(replay.steps, replay.knee_fit_level)
     answer, basis = recommended_load(max_passing, fitted.knee_fit, bool(fitted.points))
     point = PointView(
         id="replay",

@@ -68,8 +68,15 @@ def trials(steps: Sequence[StepResult]) -> list[tuple[int, str]]:
     return out
 
 
-def fit(steps: Sequence[StepResult], level: float = DEFAULT_LEVEL) -> KneeFit:
-    return fit_trials(trials(steps), level)
+def level_of(level: float | None) -> float:
+    """The level a result holds, or the default where it holds none (files written before the
+    fit, or a replay's settings left at the default)."""
+    return DEFAULT_LEVEL if level is None else level
+
+
+def fit(steps: Sequence[StepResult], level: float | None = None) -> KneeFit:
+    """The fit over `steps` at `level` (a result's `knee_fit_level`; None: the default)."""
+    return fit_trials(trials(steps), level_of(level))
 
 
 def fit_trials(verdicts: Sequence[tuple[int, str]], level: float = DEFAULT_LEVEL) -> KneeFit:

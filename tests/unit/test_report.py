@@ -315,3 +315,20 @@ def test_a_lowest_fail_that_also_passed_is_said_so_and_the_band_is_shown(tmp_pat
     with (out / "summary.csv").open(newline="") as f:
         row = next(csv.DictReader(f))
     assert (row["knee_fit"], row["knee_band_hi"], row["contested_concurrency"]) == ("20", "24", "24")
+
+
+def test_a_bracket_ending_at_an_inconclusive_step_is_not_called_violated(tmp_path: Path) -> None:
+    replay = _replay()
+    for s in replay.steps:
+        s.slo_verdict = "pass" if s.slo_pass else "fail"
+    # The lowest step that did not pass (21) was only inconclusive: nothing was shown to break there.
+    at_21 = next(s for s in replay.steps if s.load.value == 21)
+    at_21.slo_verdict = "inconclusive"
+    replay.binding_constraint, replay.binding_undecided = None, ["itl_p99_ms"]
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "replay.json").write_text(replay.model_dump_json())
+    write_report(out)
+    rec = _section((out / "report.md").read_text(), "Recommendation")
+    assert "first violated" not in rec
+    assert "lowest step that did not pass: concurrency 21 (inconclusive, nothing violated conclusively)" in rec
