@@ -20,9 +20,11 @@ a between-step margin* in the docs, docs/concepts/repeatability.md):
    the step drew) moves the whole window's figures together; no within-step estimate shows it.
    The point's steps do: repeated or out-of-order steps scatter around the monotone fit of the
    figure's log against load. The between-step standard deviation of the log figure is that
-   scatter's variance less the steps' own (from their within-step intervals), pooled over the
-   point's steps within `NEAR` (20%) of the load being judged, since steps near saturation
-   scatter more than steps below it. Each interval is widened by z x that on the log scale (a
+   scatter's variance less the steps' own (from their within-step intervals), each step weighed
+   by its precision (a random-effects meta-analysis' moment estimator: a 10-request step that read
+   low among 400-request ones is mostly its own noise), pooled over the point's steps within
+   `NEAR` (20%) of the load being judged, since steps near saturation scatter more than steps
+   below it. Each interval is widened by z x that on the log scale (a
    multiplicative margin), and a percentile passes only when it clears `bound x exp(-z x sd)` on
    the order-statistic test, and fails only when it breaks `bound x exp(+z x sd)`. Until the point
    has a repeated or out-of-order step near the load there is no scatter to read and the margin
@@ -203,7 +205,7 @@ def between_step_log_sd(steps: Sequence[StepResult], key: str) -> float:
     if rule is None:
         return 0.0
     metric, stat = key.split("_")[0], key.split("_")[1]
-    points: list[tuple[float, float, float | None]] = []  # load, log figure, within variance
+    points: list[tuple[float, float, float | None, int | None]] = []  # load, log figure, within variance, requests
     for s in steps:
         summary = getattr(s, f"{metric}_ms")
         value = getattr(summary, stat)
@@ -213,22 +215,46 @@ def between_step_log_sd(steps: Sequence[StepResult], key: str) -> float:
         within = None
         if ci is not None and ci[0] is not None and ci[1] is not None and ci[0] > 0:
             within = ((math.log(ci[1]) - math.log(ci[0])) / (2 * intervals.Z_975)) ** 2
-        points.append((s.load.value, math.log(value), within))
+        points.append((s.load.value, math.log(value), within, s.requests_ok or None))
     return log_scatter(points)
 
 
-def log_scatter(points: Sequence[tuple[float, float, float | None]]) -> float:
-    """From (load, log figure, within-step variance or None) per step: the between-step standard
-    deviation, the residual variance around the monotone fit (its degrees of freedom: steps less
-    fitted levels) less the mean within-step variance, floored at 0."""
-    loads = sorted({x for x, _, _ in points})
-    by_load = {x: [y for x2, y, _ in points if x2 == x] for x in loads}
-    fitted = dict(zip(loads, isotonic([float(np.mean(by_load[x])) for x in loads], [len(by_load[x]) for x in loads])))
+def log_scatter(points: Sequence[tuple[float, float, float | None, int | None]]) -> float:
+    """From (load, log figure, within-step variance or None, requests or None) per step: the
+    between-step standard deviation, by the method of moments on the residuals around the monotone
+    fit, each step weighted by its precision (1 / its within-step variance), as a random-effects
+    meta-analysis weighs its studies: E[Q] = dof + tau2 x dof x mean weight, where Q is the
+    weighted residual sum of squares and dof the steps less the fitted levels. Without weights the
+    same estimator is the residual variance less the mean within-step variance.
+
+    A step whose interval is open on a side (too few requests for the rank) has no within variance
+    of its own; it is given the variance its request count implies at the point's precision (the
+    median of within x requests over the steps that have both), so a 10-request step that read low
+    weighs as little as its ten requests say, not as much as a 400-request one. Without any step
+    to take that from, every step weighs the same and an unknown within variance counts as 0."""
+    known = [w * n for _, _, w, n in points if w is not None and w > 0 and n]
+    per_request = float(np.median(known)) if known else None
+    variances: list[float | None] = []
+    for _, _, within, n in points:
+        if within is not None and within > 0:
+            variances.append(within)
+        elif per_request is not None and n:
+            variances.append(per_request / n)
+        else:
+            variances.append(None)
+    weighted = all(v is not None for v in variances)
+    weights = [1.0 / v for v in variances] if weighted else [1.0] * len(points)  # type: ignore[operator]
+    loads = sorted({x for x, _, _, _ in points})
+    total = {x: sum(w for (x2, _, _, _), w in zip(points, weights) if x2 == x) for x in loads}
+    means = [sum(y * w for (x2, y, _, _), w in zip(points, weights) if x2 == x) / total[x] for x in loads]
+    fitted = dict(zip(loads, isotonic(means, [total[x] for x in loads])))
     blocks = len(set(fitted.values()))
     dof = len(points) - blocks
     if dof < 1:
         return 0.0
-    rss = sum((y - fitted[x]) ** 2 for x, y, _ in points)
-    withins = [w for _, _, w in points if w is not None]
-    own = float(np.mean(withins)) if withins else 0.0
-    return math.sqrt(max(0.0, rss / dof - own))
+    if weighted:
+        q = sum(w * (y - fitted[x]) ** 2 for (x, y, _, _), w in zip(points, weights))
+        return math.sqrt(max(0.0, (q - dof) / (dof * float(np.mean(weights)))))
+    rss = sum((y - fitted[x]) ** 2 for x, y, _, _ in points)
+    own = [v for v in variances if v is not None]
+    return math.sqrt(max(0.0, rss / dof - (float(np.mean(own)) if own else 0.0)))

@@ -52,7 +52,7 @@ def test_a_factor_shared_by_a_steps_requests_is_invisible_inside_it_and_the_marg
     series = [np.exp(rng.normal(0.0, 0.3, n)) * factors[i] for i in range(steps)]
     pooled = float(np.quantile(np.concatenate(series), q))
     today = held = 0
-    earlier: list[tuple[float, float, float | None]] = []
+    earlier: list[tuple[float, float, float | None, int | None]] = []
     for s in series:
         lo, hi = intervals.quantile_interval(s, q)
         today += _covers((lo, hi), pooled)
@@ -60,7 +60,7 @@ def test_a_factor_shared_by_a_steps_requests_is_invisible_inside_it_and_the_marg
         sd = log_scatter(earlier[-5:]) if len(earlier) >= 2 else 0.0
         held += _covers(quantile_check(s, q, 1e9, log_sd=sd).ci95, pooled)
         within = None if lo is None or hi is None else ((math.log(hi) - math.log(lo)) / (2 * intervals.Z_975)) ** 2
-        earlier.append((32.0, math.log(float(np.quantile(s, q))), within))
+        earlier.append((32.0, math.log(float(np.quantile(s, q))), within, n))
     assert today / steps < 0.6
     assert held / steps >= 0.90
 
@@ -96,13 +96,28 @@ def test_the_margin_turns_a_narrow_pass_into_inconclusive_but_keeps_a_clear_one(
 
 def test_log_scatter_reads_spread_only_from_repeated_or_out_of_order_steps() -> None:
     # Every load once, rising: nothing scatters.
-    assert log_scatter([(10, 0.0, None), (20, 0.1, None), (30, 0.3, None)]) == 0.0
+    assert log_scatter([(10, 0.0, None, None), (20, 0.1, None, None), (30, 0.3, None, None)]) == 0.0
     # A load measured twice, 0.4 apart on the log scale.
-    assert log_scatter([(10, 0.0, None), (20, 0.1, None), (20, 0.5, None)]) > 0.2
+    assert log_scatter([(10, 0.0, None, None), (20, 0.1, None, None), (20, 0.5, None, None)]) > 0.2
     # The steps' own variance is taken off what scatters.
-    assert log_scatter([(20, 0.1, 0.1), (20, 0.5, 0.1)]) == 0.0
+    assert log_scatter([(20, 0.1, 0.1, 100), (20, 0.5, 0.1, 100)]) == 0.0
     # A higher load that read lower: out of order, so it scatters too.
-    assert log_scatter([(10, 0.5, None), (20, 0.1, None)]) > 0.2
+    assert log_scatter([(10, 0.5, None, None), (20, 0.1, None, None)]) > 0.2
+
+
+def test_a_short_step_with_an_open_interval_weighs_what_its_requests_say() -> None:
+    # The repeatability benchmark's search that answered 24: 400-request steps agree within their
+    # own intervals (within variance 0.0006 on the log scale), and a 10-request step at 30 whose
+    # p90 interval was open read 51 ms among 400-request steps reading 58-63 ms. Weighed as one
+    # step among equals it made a margin of 0.08 that turned every verdict from 25 to 29
+    # inconclusive; weighed by its ten requests it is its own noise.
+    long = [(24, math.log(54.3), 0.0006, 400), (28, math.log(58.2), 0.0006, 400), (29, math.log(62.7), 0.0006, 400)]
+    short = (30, math.log(51.3), None, 10)
+    assert log_scatter([*long, short]) < 0.03  # the steps weighed alike: 0.098
+    # The same low reading from a 400-request step, beside another that read 64 ms, is a spread.
+    assert log_scatter([*long, (30, math.log(51.3), 0.0006, 400), (30, math.log(64.0), 0.0006, 400)]) > 0.05
+    # Steps of unequal length that agree within their own intervals: no spread.
+    assert log_scatter([(20, 0.10, 0.004, 100), (20, 0.12, 0.001, 400)]) == 0.0
 
 
 def test_checks_judge_client_percentile_rules_only() -> None:
