@@ -255,13 +255,28 @@ def test_an_unresolved_step_does_not_move_the_bracket_or_the_knee_interval():
 def test_a_knee_just_under_a_failed_step_is_approached_by_a_step_down_not_a_halving():
     # A shared machine's CI run: 24 failed, the model's 20 failed by a hair, and 19 came out
     # inconclusive. The model puts the knee at 19, already tried, and nothing has passed: the next
-    # probe steps down (20% after three failures), not to 9.
+    # probe steps down 10% (two conclusive failures; the inconclusive 19 read close to its bound),
+    # not to 9.
     history = [
         Probe(24, "fail", {"tpot_p90_ms": 1.19}),
         Probe(20, "fail", {"tpot_p90_ms": 1.006}),
         Probe(19, "inconclusive", {"tpot_p90_ms": 0.99}),
     ]
-    assert next_probe(history, start=24, upper=256, confirm=True) == 15
+    assert next_probe(history, start=24, upper=256, confirm=True) == 17
+    # A third conclusive failure doubles the step: 20% below 17.
+    assert next_probe([*history, Probe(17, "fail", {"tpot_p90_ms": 1.01})], start=24, upper=256, confirm=True) == 13
+
+
+def test_a_descent_through_inconclusive_steps_below_a_contested_load_does_not_halve():
+    # The repeatability benchmark's search that answered 24: 66 and 50 failed, 38 passed, then
+    # 41-38 did not (38's repeat failed) and 36, 34, 32 came out inconclusive. Counting every
+    # failure of the search halved to 16; the three conclusive failures since 38 passed step 20%.
+    # Their TPOT p90 / bound as measured.
+    steps = [(66, "fail", 1.31), (50, "fail", 1.13), (38, "pass", 0.95), (41, "inconclusive", 1.02), (40, "fail", 0.98),
+             (39, "fail", 1.06), (38, "fail", 1.08), (36, "inconclusive", 1.01), (34, "inconclusive", 1.02),
+             (32, "inconclusive", 0.96)]  # fmt: skip
+    history = [Probe(c, v, {"tpot_p90_ms": r}) for c, v, r in steps]
+    assert next_probe(history, confirm=True) == 25
 
 
 @pytest.mark.parametrize("knee", [5, 17, 18, 40])
