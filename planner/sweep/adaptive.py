@@ -53,8 +53,9 @@ def record_classes(results: SweepResults, points: Sequence[Point], settings: Swe
 
 
 def finish(results: SweepResults) -> None:
-    """Once the points ran: a point searched by the exhaustive strategy (or reused from a run
-    before this field) says so, and the adaptive strategy's counts."""
+    """Once the points ran: a point reused from a file written before `answer_source` says it was
+    searched (a point searched now says so when it concludes: planner.sweep.outcome.conclude),
+    and the adaptive strategy's counts."""
     for p in results.points:
         if p.status == "ok" and p.answer_source is None:
             p.answer_source = "searched"

@@ -44,6 +44,9 @@ def conclude(
     (`gpu_totals_mib`, by index) less its peak over the steps."""
     r = result
     r.status = "ok"
+    # Said here, not once the sweep ends: the point is saved finished as it is now, and a planner
+    # killed before the end leaves it so; --resume reuses it byte for byte.
+    r.answer_source = r.answer_source or "searched"
     r.max_passing_concurrency = lo
     r.min_failing_concurrency = hi
     bound_by = binding_mod.binding(r.steps, hi, limit if hi is None and lo == upper else None)

@@ -93,6 +93,37 @@ def test_sigkill_at_random_instants_then_resume_loses_and_duplicates_nothing(tmp
         SweepResults.model_validate_json(copy.read_bytes())
 
 
+@pytest.mark.timeout(300)
+def test_a_planner_killed_just_after_a_point_finished_reuses_it_byte_for_byte(tmp_path):
+    # The soak's find (benchmarks/soak.py, one hour): random instants seldom land between a point's
+    # save as finished and the sweep's end, where the sweep used to fill in the point's
+    # answer_source. Here the kill lands there on purpose: as soon as sweep.json shows the first
+    # point searched to its end, while the next one runs.
+    cfg = write_fault_config(tmp_path, kv_bytes=["4M", "8M"])
+    out = tmp_path / "out"
+    proc = start_sweep(cfg, out)
+    seen: str | None = None
+    try:
+        deadline = time.monotonic() + 120
+        while seen is None and time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                results = read_results(out)
+                first = results.points[0] if results is not None else None
+                if first is not None and first.status == "ok":
+                    proc.send_signal(signal.SIGKILL)
+                    seen = first.model_dump_json()
+            time.sleep(0.05)
+        proc.communicate(timeout=60)
+    finally:
+        reap(proc)
+    assert seen is not None and proc.returncode == -signal.SIGKILL, "the kill did not land after the first point finished"
+    assert wait_until_gone(lambda: fake_vllm_processes(cfg), 20) == []
+    assert main(["sweep", "--config", str(cfg), "--output", str(out), "--resume"]) == 0
+    final = read_results(out)
+    assert final.points[0].model_dump_json() == seen, "a finished point changed on --resume"
+    assert final.points[0].answer_source == "searched" and final.points[1].status == "ok"
+
+
 def can_mount_tmpfs(where: Path) -> bool:
     where.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
