@@ -21,9 +21,10 @@ file descriptors, the first rounds' against the last rounds', for growth without
 
     python benchmarks/soak.py --duration-s 3600 [--seed 32] [--report soak.json]
 
-It prints one JSON object (and writes it to --report): faults injected by kind, points by
-status and kind, bytes lost, leaked processes, peak RSS and descriptors at the start and the end,
-and `ok`, false when any check failed (exit status 1).
+It prints a line per round, then one JSON object (and writes it to --report): faults injected
+by kind, points by status and kind, bytes lost (and the fields by which the changed points
+differed), leaked processes, peak RSS and descriptors at the start and the end, and `ok`, false
+when any check failed (exit status 1).
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ def run_round(cfg: Path, out: Path, rng: random.Random, tally: dict) -> dict:
                 dumped = p.model_dump_json()
                 if p.id in finished and finished[p.id] != dumped:
                     lost_bytes += len(finished[p.id])
+                    before, after = json.loads(finished[p.id]), json.loads(dumped)
+                    tally["changed_fields"].update(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
                 if p.status in FINISHED:
                     finished[p.id] = dumped
         resume = ["--resume"]
@@ -189,6 +192,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     tally: dict = collections.defaultdict(int)
     tally["points"] = collections.Counter()
+    tally["changed_fields"] = collections.Counter()
     injected: collections.Counter = collections.Counter()
     rounds: list[dict] = []
     started = time.monotonic()
@@ -200,6 +204,9 @@ def main() -> int:
             folder = Path(tmp) / f"round{n:03d}"
             cfg = round_config(folder, rng, faults)
             rounds.append(run_round(cfg, folder / "out", rng, tally))
+            # A line a round, so a long run shows how it goes (and what it found) before its end.
+            print(f"round {n}: {time.monotonic() - started:.0f} s, bytes lost {rounds[-1]['lost_bytes']},"
+                  f" leaked {len(rounds[-1]['leaked'])}, unclassified {len(rounds[-1]['unclassified'])}", flush=True)
             n += 1
     third = max(1, len(rounds) // 3)
     first, last = rounds[:third], rounds[-third:]
@@ -212,6 +219,8 @@ def main() -> int:
         "points_noting_metrics_lost": tally["metrics_lost_notes"],
         "unclassified_points": sum(len(r["unclassified"]) for r in rounds),
         "bytes_lost": sum(r["lost_bytes"] for r in rounds),
+        # The fields by which a finished point differed on --resume (what the lost bytes were).
+        "changed_fields": dict(tally["changed_fields"]),
         "leaked_processes": sum(len(r["leaked"]) for r in rounds),
         "locks_left": sum(r["lock_left"] for r in rounds),
         "peak_rss_mib_start": round(max(r["rss_kib"] for r in first) / 1024, 1),
