@@ -288,15 +288,18 @@ class MetricsScraper:
 
     async def stop(self, *, cancel_marks: bool = False) -> None:
         """Stop scraping, once the window's marks are in (`fetch_mark` may wait long for a busy
-        server's answer); `cancel_marks`: drop those still pending instead (the step was aborted,
-        its server hung or gone, and no answer will come)."""
+        server's answer) and with one last scrape; `cancel_marks`: the server hung or is gone (the
+        step was aborted or cancelled) and no answer will come, so every scrape in flight is
+        dropped and no last one is taken. Waiting for them would hold a hung point for the marks'
+        30 s time-out, past the liveness watch's bound."""
         self._stopping.set()
-        if self._task is not None:
-            await self._task
         if cancel_marks:
-            for mark in self._marks:
-                mark.cancel()
-        if self._marks:
-            await asyncio.gather(*self._marks, return_exceptions=True)
-        # One last scrape so the window's end has a sample of its own.
-        await self.scrape_once()
+            for task in (self._task, *self._marks):
+                if task is not None:
+                    task.cancel()
+        pending = [t for t in (self._task, *self._marks) if t is not None]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        if not cancel_marks:
+            # One last scrape so the window's end has a sample of its own.
+            await self.scrape_once()

@@ -124,8 +124,14 @@ async def _watched(
     clock_task = asyncio.create_task(watch(state, stop_sending, abort, clock))
     if scraper is not None:
         scraper.start()
+    cancelled = False
     try:
         yield
+    except asyncio.CancelledError:
+        # The step is dropped (its server hung, or the planner stops): nothing below may wait on
+        # the server.
+        cancelled = True
+        raise
     finally:
         stop_sending.set()
         lag_stop.set()
@@ -136,8 +142,8 @@ async def _watched(
             except asyncio.CancelledError:
                 pass
         if scraper is not None:
-            # A server known to be gone answers no scrape: the window's marks are not waited for.
-            await scraper.stop(cancel_marks=abort is not None and abort.is_set())
+            # A server known to be gone or hung answers no scrape: the window's marks are not waited for.
+            await scraper.stop(cancel_marks=cancelled or (abort is not None and abort.is_set()))
 
 
 async def run_step(

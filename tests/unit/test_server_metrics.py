@@ -238,3 +238,27 @@ def test_the_closing_mark_asked_for_late_still_closes_the_count():
     samples = [Sample(10.1, 0.5, 30, 9, 0, sent_s=10.0), Sample(13.9, 1.0, 39, 30, 74), Sample(21.0, 1.0, 39, 30, 90, sent_s=16.6)]
     s = summarize(samples, 10.0, 15.0, None, max_edge_gap_s=1.0, marks=(10.1, 21.0))
     assert (s.preemptions, s.preemptions_at_least) == (90, None)
+
+
+def test_stopping_for_a_hung_server_waits_for_no_scrape():
+    import asyncio
+
+    from replay.server.metrics import MetricsScraper
+
+    # A server that accepts and never answers: every scrape, periodic or a window's mark, would
+    # wait out its time-out (30 s for a mark). A step dropped because its server hung must not.
+    async def never() -> str:
+        await asyncio.Event().wait()
+        return ""
+
+    async def main() -> MetricsScraper:
+        scraper = MetricsScraper(never, interval_s=0.01, fetch_mark=never)
+        scraper.start()
+        scraper.mark("start")
+        await asyncio.sleep(0.05)
+        # Before the fix this waited for ever on the periodic scrape (and 30 s on the mark).
+        await asyncio.wait_for(scraper.stop(cancel_marks=True), 5)
+        return scraper
+
+    scraper = asyncio.run(main())
+    assert all(t.done() for t in scraper._marks) and scraper._task.done()
