@@ -12,6 +12,7 @@ from planner.report.view import LOAD_AXIS_LABELS, PointView, ReportData
 from replay.results import ServerLatency, StepResult
 from replay.search import binding as binding_mod
 from replay.search import pass_fit
+from replay.search.verdicts import concurrency_history
 from replay.slo import rules as slo_mod
 from replay.slo.exceedance import exceedance_text
 
@@ -73,8 +74,8 @@ def _lowest_non_pass(p: PointView) -> str:
     which violated nothing shown."""
     if p.min_failing is None:
         return ""
-    verdicts = {s.slo_verdict or ("pass" if s.slo_pass else "fail") for s in p.steps
-                if s.load.mode == "concurrency" and s.load.value == p.min_failing and not s.disturbed}
+    at = [probe for probe in concurrency_history(p.steps) if probe.concurrency == p.min_failing and probe.informative]
+    verdicts = {probe.verdict for probe in at}
     if "fail" in verdicts or not verdicts:
         return f", first violated at concurrency {p.min_failing}"
     return f", lowest step that did not pass: concurrency {p.min_failing} (inconclusive, nothing violated conclusively)"
