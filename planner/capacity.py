@@ -22,6 +22,9 @@ FailureKind = Literal[
     "crashed",
     # Another process held the server's port when it bound it (a sweep starts it again elsewhere).
     "port_taken",
+    # A point across nodes: rank 0 could not listen on torch.distributed's --master-port, which another
+    # process held (the point's ranks are started again on a master port chosen afresh).
+    "master_port_taken",
     # During the replay (status "failed"): the server died or stopped answering.
     "server_died",
     # The server's process was killed by the kernel's OOM killer (SIGKILL, and the cgroup counted it).

@@ -33,6 +33,10 @@ SUGGESTIONS: dict[str, str] = {
         "another process took the server's port before it could bind it, on every try; leave [server] port"
         " unset (a free one is chosen per start) or free the port, then --resume"
     ),
+    "master_port_taken": (
+        "another process held the torch.distributed master port on rank 0's node on every try; free the"
+        " ports of that node (or lower what else runs there), then --resume"
+    ),
     "server_died": (
         "the server died or stopped answering during the replay; check the log, and lower the "
         "concurrency ceiling or --gpu-memory-utilization"

@@ -28,7 +28,7 @@ from planner.sweep.config import SweepSettings
 from planner.sweep.fresh import confirm_on_fresh_server
 from planner.sweep.grid import Point
 from planner.sweep.outcome import ended_status
-from planner.sweep.point import PointContext, Save, run_point
+from planner.sweep.point import PORT_ATTEMPTS, PointContext, Save, run_point
 from planner.sweep.ray_ranks import HeadlessRanks, accelerator_type, local_gpus, rank_flags, rank_log_path
 from planner.sweep.relay import RelayObserver
 from planner.sweep.results import FreshServerCheck, NodeRank, PointResult
@@ -113,11 +113,37 @@ async def _on_node(settings: SweepSettings, corpus: Corpus, point: Point, result
 async def _across_nodes(
     ctx: PointContext, point: Point, result: PointResult, gpu_ids: tuple[str, ...], save: Save
 ) -> dict[int, bytes]:
-    """Rank 0 of a point vLLM spreads over nodes: the headless ranks first (they wait for rank 0),
-    then the point as on one node. A headless rank whose vLLM exits ends the point; one whose node
-    is lost reruns it (PeerLost)."""
+    """Rank 0 of a point vLLM spreads over nodes, and its other ranks. The master port is chosen
+    free, but another process can take it before rank 0 listens on it (torch's EADDRINUSE): then
+    every rank is started again on a port chosen afresh, up to PORT_ATTEMPTS starts in all."""
     master_addr = ray.util.get_node_ip_address()
-    master_port = free_port(master_addr)
+    attempt = 0
+    while True:
+        attempt += 1
+        master_port = free_port(master_addr)
+        logs = await _ranks(ctx, point, result, gpu_ids, save, master_addr, master_port)
+        if result.failure is None or result.failure.kind != "master_port_taken" or attempt == PORT_ATTEMPTS:
+            return logs
+        result.notes.append(
+            f"master_port_taken: another process held torch.distributed's master port {master_port} on"
+            f" {result.node_hostname} when rank 0 listened on it; every rank started again on another port"
+        )
+        result.status, result.failure, result.ranks = "running", None, []
+        save()
+
+
+async def _ranks(
+    ctx: PointContext,
+    point: Point,
+    result: PointResult,
+    gpu_ids: tuple[str, ...],
+    save: Save,
+    master_addr: str,
+    master_port: int,
+) -> dict[int, bytes]:
+    """One start of the point's ranks: the headless ones first (they wait for rank 0), then the
+    point as on one node. A headless rank whose vLLM exits ends the point; one whose node is lost
+    reruns it (PeerLost)."""
     peers = HeadlessRanks(ctx.settings, point, master_addr, master_port)
     rank0 = NodeRank(
         rank=0,

@@ -77,7 +77,10 @@ and waits (FAKE_VLLM_RENDEZVOUS_S, default 60) for ranks 1..N-1, which run with 
 CPU build (two ranks, tp 2): a headless rank outlives rank 0 and stops only on a signal; a rank
 that goes away takes rank 0 down (real vLLM at its next request: "Connection closed by peer",
 then EngineDeadError; here at once, exit 1). A headless rank dies (exit 1) once the file
-FAKE_VLLM_RANK_DIE_WHEN names exists (a test's trigger, independent of machine load).
+FAKE_VLLM_RANK_DIE_WHEN names exists (a test's trigger, independent of machine load). Rank 0 that
+cannot listen on the master port exits 1 on torch's DistNetworkError (EADDRINUSE), as vLLM's worker
+does; FAKE_VLLM_MASTER_PORT_TAKEN names a file that counts rank 0's starts, and the first N of them
+(FAKE_VLLM_MASTER_PORT_TAKEN_STARTS, default 1) find the master port held by another socket.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import signal
@@ -312,10 +316,41 @@ def _headless(args: argparse.Namespace, log: Logger) -> int:
         engine.terminate()
 
 
+def _master_port_taker(args: argparse.Namespace) -> socket.socket | None:
+    """A socket that holds the master port, for the first FAKE_VLLM_MASTER_PORT_TAKEN_STARTS starts."""
+    counter = os.environ.get("FAKE_VLLM_MASTER_PORT_TAKEN")
+    if not counter:
+        return None
+    with open(counter, "a+") as f:
+        f.write("start\n")
+        f.seek(0)
+        starts = len(f.read().splitlines())
+    if starts > int(os.environ.get("FAKE_VLLM_MASTER_PORT_TAKEN_STARTS", "1")):
+        return None
+    return socket.create_server((args.master_addr, args.master_port))
+
+
 def _rendezvous(args: argparse.Namespace, log: Logger) -> list[socket.socket] | None:
     """Rank 0: wait for every other rank to join (None when they did not in time)."""
     head = f"{args.master_addr}:{args.master_port}"
-    with socket.create_server((args.master_addr, args.master_port)) as server:
+    taker = _master_port_taker(args)
+    try:
+        listening = socket.create_server((args.master_addr, args.master_port))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        log("ERROR", "multiproc_executor.py:953", "WorkerProc failed to start.")
+        log(
+            "ERROR",
+            "multiproc_executor.py:953",
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address."
+            f" port: {args.master_port}, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
+        )
+        return None
+    finally:
+        if taker is not None:
+            taker.close()
+    with listening as server:
         server.settimeout(_env_float("FAKE_VLLM_RENDEZVOUS_S", 60.0))
         peers = []
         try:

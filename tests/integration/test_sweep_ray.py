@@ -266,6 +266,35 @@ def test_a_point_across_two_nodes_runs_a_vllm_rank_on_each(cluster, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("taken_starts", [1, 3])
+def test_a_master_port_taken_before_rank_0_listens_starts_every_rank_again_on_another(cluster, tmp_path, taken_starts):
+    # Another process holds the master port when rank 0's vLLM listens on it: torch's EADDRINUSE.
+    starts = tmp_path / "rank-0-starts"
+    env = {"FAKE_VLLM_MASTER_PORT_TAKEN": str(starts), "FAKE_VLLM_MASTER_PORT_TAKEN_STARTS": str(taken_starts)}
+    cfg = write_config(tmp_path, tp=[2], kv_bytes=["4M"], nnodes=[2], env=env)
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    notes = [n for n in point.notes if n.startswith("master_port_taken:")]
+    if taken_starts == 1:
+        assert point.status == "ok", point.failure
+        assert point.max_passing_concurrency == 2 and point.min_failing_concurrency == 3
+        (note,) = notes
+        first = int(note.split("master port ")[1].split()[0])
+        command = point.command
+        assert int(command[command.index("--master-port") + 1]) != first, (note, command)
+        assert len(starts.read_text().splitlines()) == 2
+    else:
+        # Bounded: three starts (PORT_ATTEMPTS), then the point fails naming torch's line.
+        assert point.status == "failed" and point.failure.kind == "master_port_taken", point.failure
+        assert "failed to listen on any local network address" in point.failure.message
+        assert "EADDRINUSE" in point.failure.message and len(notes) == 2
+        assert len(starts.read_text().splitlines()) == 3
+    time.sleep(1)
+    assert fake_servers(cfg) == []
+
+
+@pytest.mark.timeout(300)
 def test_a_rank_whose_vllm_dies_fails_the_point_with_that_ranks_log(cluster, tmp_path):
     trigger = tmp_path / "rank-1-dies"
     cfg = write_config(tmp_path, tp=[2], kv_bytes=["4M"], nnodes=[2], env={"FAKE_VLLM_RANK_DIE_WHEN": str(trigger)})

@@ -144,6 +144,7 @@ FAILURE_CASES = {
     "real-0.32-cpu-kv-too-small.log": ("kv_too_small", 896, "max seq len (2048)"),
     "real-0.32-cpu-bad-flag.log": ("bad_flag", None, "api_server.py: error: unrecognized arguments: --swap-space"),
     "real-0.32-cpu-max-model-len-too-long.log": ("max_model_len_too_long", None, "User-specified max_model_len (16384)"),
+    "real-0.32-cpu-master-port-taken.log": ("master_port_taken", None, "port: 36191, useIpv6: false, code: -98, name: EADDRINUSE"),
     "fail-kv-too-small.log": ("kv_too_small", 896, "max seq len (2048)"),
     "fail-kv-too-small-0.8.log": ("kv_too_small", 20544, "models's max seq len (32768)"),
     "fail-kv-too-small-no-estimate.log": ("kv_too_small", None, "max seq len (131072)"),
