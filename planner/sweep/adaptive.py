@@ -198,10 +198,13 @@ class AdaptivePlanner:
             return False
         result.knee_prediction = prediction
         result.status = result.answer_source = "predicted"
+        # Not started, so its KV pool was never read: a pool smaller than the law's point can only
+        # lower its answer, so the prediction is a ceiling, and the note says so.
+        unread = "" if prediction.kv_pool_read else "; its KV pool was not read, which can only lower it"
         result.answer_note = (
             f"predicted by class {prediction.speed_class}'s law (from {prediction.law_from}), not started:"
             f" max passing {prediction.concurrency} in {interval_text(prediction.interval)}"
-            f" ({prediction.limit}), at most {top_safe:g} safe per GPU; {by} has {beat:g} confirmed"
+            f" ({prediction.limit}){unread}, at most {top_safe:g} safe per GPU; {by} has {beat:g} confirmed"
         )
         return True
 

@@ -201,6 +201,9 @@ def test_a_point_whose_prediction_cannot_beat_the_best_is_predicted_without_a_la
     assert capped.status == capped.answer_source == "predicted"
     assert capped.knee_prediction.interval == [8, 8] and capped.knee_prediction.limit == "max_num_seqs"
     assert "not started" in capped.answer_note and "01-" in capped.answer_note
+    # Never started, its pool unread: the note calls the prediction what it is, a ceiling.
+    assert not capped.knee_prediction.kv_pool_read
+    assert "; its KV pool was not read, which can only lower it, at most 6 safe per GPU" in capped.answer_note
     # Its twin with room: the law's top is 29, floor(29 x 0.8) = 23 > 22: it could win, so it runs.
     roomy = result(points[1].id)
     assert not planner.settle_before_launch(points[1], roomy, best)
