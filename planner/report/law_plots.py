@@ -14,6 +14,8 @@ from matplotlib.figure import Figure
 from planner.sweep.results import KneePrediction, SpeedClassInfo
 
 DPI = 110
+PREDICTION_COLOR = "#222222"
+DISAGREED_COLOR = "#d62728"
 
 
 def law_plot(info: SpeedClassInfo, predictions: Sequence[tuple[str, KneePrediction]], path: Path) -> Path | None:
@@ -33,8 +35,14 @@ def law_plot(info: SpeedClassInfo, predictions: Sequence[tuple[str, KneePredicti
     for j, (pid, k) in enumerate(mine):
         lo, hi = k.interval
         y = 1.0 - 0.04 * (j + 1)
-        ax.plot([lo, hi if hi is not None else lo], [y, y], color="#2ca02c", lw=2)
-        ax.plot([k.concurrency], [y], marker="o", color="#2ca02c" if k.verified is not False else "#d62728", ms=5)
+        # Black diamonds, not a rule's colour: a prediction is no measurement (red: its
+        # verification disagreed).
+        color = PREDICTION_COLOR if k.verified is not False else DISAGREED_COLOR
+        ax.plot([lo, hi if hi is not None else lo], [y, y], color=color, lw=2)
+        ax.plot(
+            [k.concurrency], [y], marker="D", color=color, ms=4, ls="none",
+            label=None if j else "predicted knee (interval)",
+        )
         ax.annotate(pid, (k.concurrency, y), fontsize=7, xytext=(4, -3), textcoords="offset points")
     ax.set_title(f"class {info.id} ({info.label}): law from {law.from_point}", fontsize=12)
     ax.set_xlabel("concurrency (requests in flight)", fontsize=10)
