@@ -22,8 +22,9 @@ FailureKind = Literal[
     "crashed",
     # Another process held the server's port when it bound it (a sweep starts it again elsewhere).
     "port_taken",
-    # A point across nodes: rank 0 could not listen on torch.distributed's --master-port, which another
-    # process held (the point's ranks are started again on a master port chosen afresh).
+    # A vLLM worker could not listen on its torch.distributed port, which another process held: a
+    # point across nodes' --master-port (its ranks start again on a port chosen afresh), or on one
+    # node the port vLLM picked itself (its server starts again).
     "master_port_taken",
     # During the replay (status "failed"): the server died or stopped answering.
     "server_died",

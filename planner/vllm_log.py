@@ -73,7 +73,7 @@ _ROOT_CAUSES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     ("world_size_too_large", re.compile(r"World size \(\d+\) is larger than the number of available GPUs")),
     ("heads_not_divisible", re.compile(r"number of attention heads \(\d+\) must be divisible by tensor parallel size")),
     ("max_model_len_too_long", re.compile(r"User-specified max_model_len \(\d+\) is greater than the derived")),
-    # torch.distributed's TCPStore on rank 0 of a point across nodes: another process holds --master-port.
+    # torch.distributed's TCPStore (rank 0 across nodes, or a worker on one node): another process holds its port.
     ("master_port_taken", re.compile(r"failed to listen on any local network address.*EADDRINUSE")),
     # uvicorn's bind error, or vLLM's own socket: another process holds the port.
     ("port_taken", re.compile(r"error while attempting to bind on address|\[Errno 98\] Address already in use")),

@@ -34,8 +34,8 @@ SUGGESTIONS: dict[str, str] = {
         " unset (a free one is chosen per start) or free the port, then --resume"
     ),
     "master_port_taken": (
-        "another process held the torch.distributed master port on rank 0's node on every try; free the"
-        " ports of that node (or lower what else runs there), then --resume"
+        "another process held the torch.distributed port of vLLM's workers (on rank 0's node, across"
+        " nodes) on every try; find what binds ports there so fast, then --resume"
     ),
     "server_died": (
         "the server died or stopped answering during the replay; check the log, and lower the "

@@ -199,6 +199,20 @@ class PointRunner:
             cpus=self.ctx.cpus,
         )
 
+    def _taken_port_note(self, failure: Failure, server: VllmServer) -> str | None:
+        """The note for a start that another process's port took down, when starting again helps:
+        the API port the launcher chose, or the torch.distributed port vLLM chose for its workers
+        on one node. A point across nodes passes --master-port itself: its ranks start again
+        together (planner.sweep.ray_node)."""
+        if failure.kind == "port_taken":
+            return f"port_taken: another process held port {server.port} when the server bound it; started again on another port"
+        if failure.kind == "master_port_taken" and not has_flag(self.point.flags, "--master-port"):
+            return (
+                "master_port_taken: another process held the torch.distributed port vLLM chose for its workers"
+                f" ({failure.message}); started again"
+            )
+        return None
+
     async def run(self) -> None:
         r = self.result
         server = self._server()
@@ -225,12 +239,10 @@ class PointRunner:
                         await self._measure(server)
                     break
                 except ServerStartFailed as exc:
-                    if exc.failure.kind != "port_taken" or attempt + 1 == attempts:
+                    note = self._taken_port_note(exc.failure, server)
+                    if note is None or attempt + 1 == attempts:
                         raise
-                    r.notes.append(
-                        f"port_taken: another process held port {server.port} when the server bound it; started"
-                        " again on another port"
-                    )
+                    r.notes.append(note)
         except ServerStartFailed as exc:
             r.status = ended_status(exc.failure)
             r.failure = exc.failure

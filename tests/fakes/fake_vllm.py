@@ -80,7 +80,8 @@ then EngineDeadError; here at once, exit 1). A headless rank dies (exit 1) once 
 FAKE_VLLM_RANK_DIE_WHEN names exists (a test's trigger, independent of machine load). Rank 0 that
 cannot listen on the master port exits 1 on torch's DistNetworkError (EADDRINUSE), as vLLM's worker
 does; FAKE_VLLM_MASTER_PORT_TAKEN names a file that counts rank 0's starts, and the first N of them
-(FAKE_VLLM_MASTER_PORT_TAKEN_STARTS, default 1) find the master port held by another socket.
+(FAKE_VLLM_MASTER_PORT_TAKEN_STARTS, default 1) find the master port held by another socket (on
+one node, the torch.distributed port vLLM picks for its own workers).
 """
 
 from __future__ import annotations
@@ -316,18 +317,49 @@ def _headless(args: argparse.Namespace, log: Logger) -> int:
         engine.terminate()
 
 
-def _master_port_taker(args: argparse.Namespace) -> socket.socket | None:
-    """A socket that holds the master port, for the first FAKE_VLLM_MASTER_PORT_TAKEN_STARTS starts."""
+def _port_taken_this_start() -> bool:
+    """Whether this start is one of the first FAKE_VLLM_MASTER_PORT_TAKEN_STARTS counted in the file
+    FAKE_VLLM_MASTER_PORT_TAKEN names."""
     counter = os.environ.get("FAKE_VLLM_MASTER_PORT_TAKEN")
     if not counter:
-        return None
+        return False
     with open(counter, "a+") as f:
         f.write("start\n")
         f.seek(0)
         starts = len(f.read().splitlines())
-    if starts > int(os.environ.get("FAKE_VLLM_MASTER_PORT_TAKEN_STARTS", "1")):
-        return None
-    return socket.create_server((args.master_addr, args.master_port))
+    return starts <= int(os.environ.get("FAKE_VLLM_MASTER_PORT_TAKEN_STARTS", "1"))
+
+
+def _master_port_taker(args: argparse.Namespace) -> socket.socket | None:
+    """A socket that holds the master port, on the starts _port_taken_this_start() picks."""
+    return socket.create_server((args.master_addr, args.master_port)) if _port_taken_this_start() else None
+
+
+def _log_port_in_use(log: Logger, port: int) -> None:
+    log("ERROR", "multiproc_executor.py:953", "WorkerProc failed to start.")
+    log(
+        "ERROR",
+        "multiproc_executor.py:953",
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address."
+        f" port: {port}, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
+    )
+
+
+def _own_distributed_port_taken(args: argparse.Namespace, log: Logger) -> bool:
+    """On one node vLLM picks its workers' torch.distributed port itself; on the starts
+    _port_taken_this_start() picks, another socket holds the one it picked."""
+    if not _port_taken_this_start():
+        return False
+    with socket.create_server(("127.0.0.1", 0)) as taker:
+        port = taker.getsockname()[1]
+        try:
+            socket.create_server(("127.0.0.1", port)).close()
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            _log_port_in_use(log, port)
+            return True
+    return False
 
 
 def _rendezvous(args: argparse.Namespace, log: Logger) -> list[socket.socket] | None:
@@ -339,13 +371,7 @@ def _rendezvous(args: argparse.Namespace, log: Logger) -> list[socket.socket] | 
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             raise
-        log("ERROR", "multiproc_executor.py:953", "WorkerProc failed to start.")
-        log(
-            "ERROR",
-            "multiproc_executor.py:953",
-            "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address."
-            f" port: {args.master_port}, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
-        )
+        _log_port_in_use(log, args.master_port)
         return None
     finally:
         if taker is not None:
@@ -525,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         peers = joined
         _watch_peers(peers, log)
+    elif _own_distributed_port_taken(args, log):
+        return 1
 
     ignore_sigterm = os.environ.get("FAKE_VLLM_IGNORE_SIGTERM") == "1"
     engine = _start_engine_core(ignore_sigterm)

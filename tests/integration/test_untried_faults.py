@@ -85,6 +85,36 @@ def test_a_sweep_starts_a_server_whose_port_was_taken_again_on_another_port(tmp_
     assert fake_vllm_processes(cfg) == []
 
 
+def test_a_server_whose_own_distributed_port_was_taken_is_started_again(tmp_path: Path) -> None:
+    """On one node vLLM picks the torch.distributed port of its workers itself; another process
+    can hold it by the time a worker listens (torch's EADDRINUSE). The point's server is started
+    again (vLLM then picks another), with a note; a second start that finds it taken again too,
+    and a third, end the point as master_port_taken, naming torch's line."""
+    starts = tmp_path / "starts"
+    cfg = write_fault_config(tmp_path, kv_bytes=["4M"], env={"FAKE_VLLM_MASTER_PORT_TAKEN": str(starts)})
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "ok" and point.max_passing_concurrency is not None, point.failure
+    (note,) = point.notes
+    assert note.startswith("master_port_taken: another process held the torch.distributed port vLLM chose"), note
+    assert "EADDRINUSE" in note and note.endswith("; started again")
+    assert fake_vllm_processes(cfg) == []
+
+    always = tmp_path / "always"
+    always.mkdir()
+    cfg = write_fault_config(
+        always, kv_bytes=["4M"],
+        env={"FAKE_VLLM_MASTER_PORT_TAKEN": str(always / "starts"), "FAKE_VLLM_MASTER_PORT_TAKEN_STARTS": "99"},
+    )
+    assert main(["sweep", "--config", str(cfg), "--output", str(always / "out")]) == 0
+    (point,) = SweepResults.model_validate_json((always / "out" / "sweep.json").read_text()).points
+    assert point.status == "failed" and point.failure.kind == "master_port_taken", point.failure
+    assert "failed to listen on any local network address" in point.failure.message
+    assert len((always / "starts").read_text().splitlines()) == 3 and len(point.notes) == 2
+    assert fake_vllm_processes(cfg) == []
+
+
 def test_a_corpus_replaced_while_a_sweep_reads_it_changes_nothing_measured(tmp_path: Path, monkeypatch) -> None:
     """A sweep reads its corpus once, at its start, through one open file: a corpus renamed over
     (or rewritten) after that, or even while it is read, changes nothing this sweep replays; the
