@@ -131,7 +131,8 @@ def choose_best(points: list[PointResult]) -> Best | None:
         if p is best:
             continue
         if p.status in ("dominated", "predicted") and p.answer_note:
-            others[p.id] = p.answer_note[:300]  # [sweep] strategy = "adaptive": not searched, and why
+            # [sweep] strategy = "adaptive": not searched, and why; whole, since its end names the best
+            others[p.id] = p.answer_note
         elif p.status != "ok":
             kind = p.failure.kind if p.failure else p.status
             detail = f" ({p.failure.message})" if p.failure and p.failure.message else ""
