@@ -345,21 +345,14 @@ def _log_port_in_use(log: Logger, port: int) -> None:
     )
 
 
-def _own_distributed_port_taken(args: argparse.Namespace, log: Logger) -> bool:
+def _own_distributed_port_taken(log: Logger) -> bool:
     """On one node vLLM picks its workers' torch.distributed port itself; on the starts
     _port_taken_this_start() picks, another socket holds the one it picked."""
     if not _port_taken_this_start():
         return False
     with socket.create_server(("127.0.0.1", 0)) as taker:
-        port = taker.getsockname()[1]
-        try:
-            socket.create_server(("127.0.0.1", port)).close()
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            _log_port_in_use(log, port)
-            return True
-    return False
+        _log_port_in_use(log, taker.getsockname()[1])
+    return True
 
 
 def _rendezvous(args: argparse.Namespace, log: Logger) -> list[socket.socket] | None:
@@ -551,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         peers = joined
         _watch_peers(peers, log)
-    elif _own_distributed_port_taken(args, log):
+    elif _own_distributed_port_taken(log):
         return 1
 
     ignore_sigterm = os.environ.get("FAKE_VLLM_IGNORE_SIGTERM") == "1"
