@@ -325,6 +325,21 @@ class StepEnvironment(ResultModel):
     unreadable: list[str] = Field(default_factory=list)
 
 
+class SloPooled(ResultModel):
+    """A percentile rule the step alone left undecided, decided on the point's steps around its
+    load (replay.stats.across_steps.pooled_check): passed on the steps from its load up, or failed
+    on those from below up to it."""
+
+    # "pass" or "fail".
+    verdict: Literal["pass", "fail"]
+    # The loads of the steps pooled, this step's included.
+    loads: list[float]
+    # The pooled figure (a precision-weighted geometric mean), in ms.
+    figure: float
+    # Its 95% interval, in ms: below the bound for a pass, above it for a fail.
+    ci95: list[float]
+
+
 class SloExceedance(ResultModel):
     """The order-statistic test that passed a percentile rule (replay.slo.exceedance): `exceeded`
     of the `n` measured requests were above the bound, and the test allows at most `allowed` (it
@@ -406,6 +421,9 @@ class StepResult(ResultModel):
     # Per percentile rule, the between-step sd of the figure's natural log behind the margin (only
     # rules with a margin). Absent in older files.
     slo_margin_log_sd: dict[str, float] = Field(default_factory=dict)
+    # Per percentile rule this step alone left undecided and its neighbours decided: what they
+    # showed. Absent in older files and where no rule was decided so.
+    slo_pooled: dict[str, SloPooled] = Field(default_factory=dict)
     # Rules over a maximum judged the same at any length (replay.slo.max_rules): preemptions while
     # the window's first 100 measured requests ran, which max_preemptions = 0 judges. Null when
     # not judged.

@@ -216,7 +216,8 @@ def verdicts(
 
     `samples` (metric -> values in arrival order, as the step measured them) lets a percentile be
     judged across steps by `across_steps.quantile_check` (its tau floored, its bound moved by the
-    between-step margin that `spread`, read from the point's earlier steps, gives); without them
+    between-step margin that `spread`, read from the point's earlier steps, gives) and, where that
+    leaves it undecided, by `across_steps.pooled_check` on the steps around its load; without them
     (a saved result) by its ci95."""
     violations, unverified = evaluate(step, slo)
     out: dict[str, Verdict] = {}
@@ -239,6 +240,10 @@ def verdicts(
                 out[key] = "fail"
             elif samples is not None and metric in samples and stat in intervals.QUANTILES:
                 sign = across_steps.checks({key: bound}, samples, spread)[key].sign
+                if sign == 0 and spread is not None:
+                    # Undecided alone: judged with the point's steps around its load.
+                    pooled = across_steps.pooled_check(spread, key, bound, step)
+                    sign = 0 if pooled is None else pooled.sign
                 out[key] = {1: "pass", -1: "fail", 0: "inconclusive"}[sign]
             else:
                 ci = summary.ci95.get(stat) if summary.ci95 is not None else None

@@ -34,6 +34,19 @@ a between-step margin* in the docs, docs/concepts/repeatability.md):
 Both apply to the figure's interval (`StepResult.slo_ci95`) and to the exceedance count behind
 the verdict (how many requests met the bound, tested against the binomial order-statistic
 ranks): a percentile verdict is conclusive only on the widened interval.
+
+3. **A step left undecided is judged with its neighbours** (`pooled_check`). With strongly
+   correlated requests the floored tau leaves a 100-400 request step few effective requests, and
+   a p90 reading 20-25 ms against 30 stays inconclusive at any length. The figure is monotone in
+   load, so every step at or above the load bounds it from above and every step at or below bounds
+   it from below. A step whose own rule is undecided passes it when the precision-weighted mean
+   of the log figure over the steps from its load up to `NEAR` above (itself included), each
+   weighted by 1 / (its within-step variance + the between-step variance), is below the bound's
+   log by z standard errors; it fails it when the mean over the steps from `NEAR` below up to its
+   load is above by as much. The weighted mean of figures that are each at least the one at the
+   load is itself at least it, so the pooled test errs only the way a single step's does. Where
+   the point's steps near the load do not yet show their scatter, the between-step sd is taken at
+   its largest (`MAX_LOG_SD`), so two or three steps alone rarely decide.
 """
 
 from __future__ import annotations
@@ -69,6 +82,9 @@ NEAR = 0.2
 _PERCENTILE_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p95|p99)_ms$")
 
 
+MIN_POOLED = 2
+
+
 @dataclass(frozen=True)
 class Spread:
     """What a point's earlier steps say about the variance one step cannot see, per SLO rule."""
@@ -77,6 +93,33 @@ class Spread:
     tau: Mapping[str, float] = field(default_factory=dict)
     # Rule -> between-step standard deviation of the figure's natural log.
     log_sd: Mapping[str, float] = field(default_factory=dict)
+    # Rule -> every earlier step's figure (pooled_check judges an undecided step with them).
+    figures: Mapping[str, tuple[Figure, ...]] = field(default_factory=dict)
+    # Rule -> the between-step sd pooled_check adds to each step's own variance: the measured one
+    # near the load, `MAX_LOG_SD` where those steps do not show their scatter yet.
+    pool_sd: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A step's percentile figure as the pooled verdict reads it."""
+
+    load: float
+    log_value: float
+    # The within-step variance of log_value, from the step's own 95% interval.
+    variance: float
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """A percentile rule decided on the steps around its load (pooled_check): +1 passed on the
+    steps from the load up, -1 failed on those from below up to it; the loads pooled, the pooled
+    figure and its 95% interval (in the figure's unit)."""
+
+    sign: int
+    loads: tuple[float, ...]
+    estimate: float
+    ci95: tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -185,6 +228,8 @@ def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float
     near = closed if load is None else [s for s in closed if abs(s.load.value - load) <= NEAR * load]
     taus: dict[str, float] = {}
     sds: dict[str, float] = {}
+    figures: dict[str, tuple[Figure, ...]] = {}
+    pool_sd: dict[str, float] = {}
     for key in slo:
         rule = percentile_rule(key)
         if rule is None:
@@ -192,20 +237,70 @@ def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float
         weighted = [(s.requests_ok, s.slo_tau[key]) for s in near if key in s.slo_tau and s.requests_ok]
         if weighted:
             taus[key] = sum(n * t for n, t in weighted) / sum(n for n, _ in weighted)
-        sd = min(between_step_log_sd(near, key), MAX_LOG_SD)
+        measured, shown = _scatter(_log_points(near, key))
+        sd = min(measured, MAX_LOG_SD)
         if sd > 0:
             sds[key] = sd
-    return Spread(tau=taus, log_sd=sds)
+        figures[key] = tuple(f for s in closed if (f := figure_of(s, key)) is not None)
+        pool_sd[key] = sd if shown else MAX_LOG_SD
+    return Spread(tau=taus, log_sd=sds, figures=figures, pool_sd=pool_sd)
+
+
+def figure_of(step: StepResult, key: str) -> Figure | None:
+    """The step's log figure for percentile rule `key` and its within-step variance; None where
+    the step measured none or its interval is open on a side (too few requests for the rank)."""
+    if percentile_rule(key) is None:
+        return None
+    metric, stat = key.split("_")[0], key.split("_")[1]
+    summary = getattr(step, f"{metric}_ms")
+    value = getattr(summary, stat)
+    ci = (summary.ci95 or {}).get(stat)
+    if value is None or value <= 0 or ci is None or ci[0] is None or ci[1] is None or ci[0] <= 0:
+        return None
+    within = ((math.log(ci[1]) - math.log(ci[0])) / (2 * intervals.Z_975)) ** 2
+    return Figure(step.load.value, math.log(value), within)
+
+
+def pooled_check(spread: Spread, key: str, bound: float, step: StepResult) -> Pooled | None:
+    """A percentile rule the step left undecided, judged on the point's steps around its load
+    (see the module docstring, 3.); None where those steps decide nothing either."""
+    current = figure_of(step, key)
+    if current is None or bound <= 0 or step.load.mode != "concurrency":
+        return None
+    load = current.load
+    sd2 = spread.pool_sd.get(key, MAX_LOG_SD) ** 2
+    everything = (*spread.figures.get(key, ()), current)
+    for sign, pool in (
+        (1, [f for f in everything if load <= f.load <= load * (1 + NEAR)]),
+        (-1, [f for f in everything if load * (1 - NEAR) <= f.load <= load]),
+    ):
+        if len(pool) < MIN_POOLED:
+            continue
+        weights = [1.0 / (f.variance + sd2) for f in pool] if sd2 > 0 or all(f.variance > 0 for f in pool) else None
+        if weights is None:
+            continue
+        total = sum(weights)
+        mean = sum(w * f.log_value for w, f in zip(weights, pool)) / total
+        half = intervals.Z_975 * math.sqrt(1.0 / total)
+        if (sign == 1 and mean + half <= math.log(bound)) or (sign == -1 and mean - half > math.log(bound)):
+            return Pooled(
+                sign, tuple(sorted(f.load for f in pool)), math.exp(mean), (math.exp(mean - half), math.exp(mean + half))
+            )
+    return None
 
 
 def between_step_log_sd(steps: Sequence[StepResult], key: str) -> float:
     """The scatter of the rule's log figure around its monotone (non-decreasing) fit against load,
     less the steps' own variance; 0 where no step scatters (every load measured once, in order)."""
-    rule = percentile_rule(key)
-    if rule is None:
-        return 0.0
+    return log_scatter(_log_points(steps, key))
+
+
+def _log_points(steps: Sequence[StepResult], key: str) -> list[tuple[float, float, float | None, int | None]]:
+    """(load, log figure, within variance or None, requests or None) per step that measured it."""
+    if percentile_rule(key) is None:
+        return []
     metric, stat = key.split("_")[0], key.split("_")[1]
-    points: list[tuple[float, float, float | None, int | None]] = []  # load, log figure, within variance, requests
+    points: list[tuple[float, float, float | None, int | None]] = []
     for s in steps:
         summary = getattr(s, f"{metric}_ms")
         value = getattr(summary, stat)
@@ -216,7 +311,7 @@ def between_step_log_sd(steps: Sequence[StepResult], key: str) -> float:
         if ci is not None and ci[0] is not None and ci[1] is not None and ci[0] > 0:
             within = ((math.log(ci[1]) - math.log(ci[0])) / (2 * intervals.Z_975)) ** 2
         points.append((s.load.value, math.log(value), within, s.requests_ok or None))
-    return log_scatter(points)
+    return points
 
 
 def log_scatter(points: Sequence[tuple[float, float, float | None, int | None]]) -> float:
@@ -232,6 +327,14 @@ def log_scatter(points: Sequence[tuple[float, float, float | None, int | None]])
     median of within x requests over the steps that have both), so a 10-request step that read low
     weighs as little as its ten requests say, not as much as a 400-request one. Without any step
     to take that from, every step weighs the same and an unknown within variance counts as 0."""
+    return _scatter(points)[0]
+
+
+def _scatter(points: Sequence[tuple[float, float, float | None, int | None]]) -> tuple[float, bool]:
+    """log_scatter's sd, and whether the steps show their scatter at all (a step repeated or out
+    of order: more steps than fitted levels); without that the sd of 0 means unknown, not none."""
+    if not points:
+        return 0.0, False
     known = [w * n for _, _, w, n in points if w is not None and w > 0 and n]
     per_request = float(np.median(known)) if known else None
     variances: list[float | None] = []
@@ -251,10 +354,10 @@ def log_scatter(points: Sequence[tuple[float, float, float | None, int | None]])
     blocks = len(set(fitted.values()))
     dof = len(points) - blocks
     if dof < 1:
-        return 0.0
+        return 0.0, False
     if weighted:
         q = sum(w * (y - fitted[x]) ** 2 for (x, y, _, _), w in zip(points, weights))
-        return math.sqrt(max(0.0, (q - dof) / (dof * float(np.mean(weights)))))
+        return math.sqrt(max(0.0, (q - dof) / (dof * float(np.mean(weights))))), True
     rss = sum((y - fitted[x]) ** 2 for x, y, _, _ in points)
     own = [v for v in variances if v is not None]
-    return math.sqrt(max(0.0, rss / dof - (float(np.mean(own)) if own else 0.0)))
+    return math.sqrt(max(0.0, rss / dof - (float(np.mean(own)) if own else 0.0))), True

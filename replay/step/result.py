@@ -11,14 +11,14 @@ from typing import Protocol
 
 from replay.load.kinds import Load
 from replay.records import RequestRecord
-from replay.results import ServerSummary, SessionSummary, StepResult, updated
+from replay.results import ServerSummary, SessionSummary, SloPooled, StepResult, updated
 from replay.server.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS, cross_check
 from replay.server.metrics import MetricsScraper, Sample
 from replay.server.metrics import summarize as summarize_server
 from replay.slo import max_rules
 from replay.slo import rules as slo_mod
 from replay.slo.exceedance import exceedance_tests
-from replay.stats.across_steps import Spread, checks
+from replay.stats.across_steps import Check, Spread, checks, pooled_check
 from replay.step.figures import build_result, client_summary, latency_samples, steady_records
 
 
@@ -128,7 +128,28 @@ def slo_fields(
         slo_ci95={key: list(c.ci95) for key, c in across.items()},
         slo_tau={key: round(c.own_tau, 3) for key, c in across.items()},
         slo_margin_log_sd={key: round(c.log_sd, 4) for key, c in across.items() if c.log_sd},
+        slo_pooled=pooled_fields(result, slo, across, spread),
     )
+
+
+def pooled_fields(
+    result: StepResult, slo: dict[str, float], across: dict[str, Check], spread: Spread | None
+) -> dict[str, SloPooled]:
+    """Each percentile rule the step alone left undecided and the steps around its load decided
+    (replay.stats.across_steps.pooled_check): what they showed."""
+    out: dict[str, SloPooled] = {}
+    for key, check in across.items():
+        if check.sign != 0 or spread is None:
+            continue
+        pooled = pooled_check(spread, key, slo[key], result)
+        if pooled is not None:
+            out[key] = SloPooled(
+                verdict="pass" if pooled.sign == 1 else "fail",
+                loads=[round(x, 3) for x in pooled.loads],
+                figure=round(pooled.estimate, 3),
+                ci95=[round(pooled.ci95[0], 3), round(pooled.ci95[1], 3)],
+            )
+    return out
 
 
 def step_result(

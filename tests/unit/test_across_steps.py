@@ -183,3 +183,97 @@ def test_the_spread_and_the_pooled_tau_are_read_near_the_load_judged() -> None:
     assert judged_low.log_sd == {} and judged_low.tau == {"tpot_p90_ms": 2.0}
     # Without a load (a caller that judges no particular step): every step, as before.
     assert spread_of(saturated + below, slo_).tau == {"tpot_p90_ms": 6.8}
+
+
+def _p90_step(c: float, p90: float, lo: float, hi: float, verdict: str = "inconclusive"):
+    from replay.results import LatencySummary, LoadSpec
+    from tests.fakes.results import make_step
+
+    return make_step(
+        load=LoadSpec(mode="concurrency", value=c), requests_ok=100, slo_verdict=verdict,
+        slo_tau={"tpot_p90_ms": 9.0}, tpot_ms=LatencySummary(p90=p90, ci95={"p90": [lo, hi]}),
+    )  # fmt: skip
+
+
+def test_a_step_undecided_alone_passes_on_the_steps_from_its_load_up() -> None:
+    from replay.stats.across_steps import pooled_check, spread_of
+
+    # The real 48-cap search: p90 read 20-25 ms against 30 at 34-38, each step's own interval
+    # reaching past 30 (tau 8-17 leaves 100 requests few independent ones).
+    slo_ = {"tpot_p90_ms": 30.0}
+    earlier = [_p90_step(38, 21.0, 15.0, 29.5), _p90_step(36, 22.5, 16.0, 31.5), _p90_step(40, 26.0, 19.0, 34.0)]
+    current = _p90_step(34, 22.0, 16.0, 31.0)
+    spread = spread_of(earlier, slo_, load=34)
+    assert spread.pool_sd["tpot_p90_ms"] < 0.25  # 38 read below 36: the scatter is shown
+    pooled = pooled_check(spread, "tpot_p90_ms", 30.0, current)
+    assert pooled is not None and pooled.sign == 1
+    assert pooled.loads == (34, 36, 38, 40) and pooled.ci95[1] <= 30.0
+    # Nothing below 34 was measured: it cannot fail on the steps from below.
+    assert pooled_check(spread, "tpot_p90_ms", 20.0, current) is None
+
+
+def test_without_shown_scatter_a_few_steps_do_not_decide() -> None:
+    from replay.stats.across_steps import MAX_LOG_SD, pooled_check, spread_of
+
+    # Every load once, in order: the scatter between steps is unknown and taken at its largest.
+    slo_ = {"tpot_p90_ms": 30.0}
+    spread = spread_of([_p90_step(36, 21.5, 15.5, 31.0)], slo_, load=34)
+    assert spread.pool_sd["tpot_p90_ms"] == MAX_LOG_SD
+    assert pooled_check(spread, "tpot_p90_ms", 30.0, _p90_step(34, 22.0, 16.0, 31.0)) is None
+
+
+def test_a_step_above_the_bound_higher_up_keeps_a_pass_from_being_claimed() -> None:
+    from replay.stats.across_steps import pooled_check, spread_of
+
+    slo_ = {"tpot_p90_ms": 30.0}
+    earlier = [_p90_step(38, 23.0, 16.5, 31.5), _p90_step(36, 21.5, 15.5, 31.0), _p90_step(40, 36.0, 29.0, 45.0)]
+    spread = spread_of(earlier, slo_, load=34)
+    assert pooled_check(spread, "tpot_p90_ms", 30.0, _p90_step(34, 22.0, 16.0, 31.0)) is None
+
+
+def test_a_step_undecided_alone_fails_on_the_steps_from_below_up_to_its_load() -> None:
+    from replay.stats.across_steps import pooled_check, spread_of
+
+    slo_ = {"tpot_p90_ms": 30.0}
+    earlier = [_p90_step(44, 36.0, 28.0, 46.0), _p90_step(46, 35.0, 27.0, 45.0), _p90_step(42, 37.0, 29.0, 47.0)]
+    current = _p90_step(48, 38.0, 29.5, 49.0)
+    pooled = pooled_check(spread_of(earlier, slo_, load=48), "tpot_p90_ms", 30.0, current)
+    assert pooled is not None and pooled.sign == -1 and pooled.loads == (42, 44, 46, 48) and pooled.ci95[0] > 30.0
+
+
+def _pooled_rate(rng: np.random.Generator, offset: float, trials: int = 400) -> tuple[float, float]:
+    """Share of trials where the pooled check passed / failed a step at 31 whose true log p90 sits
+    `offset` above the bound's at every load from 30 to 36 (flat, as near a full KV cache): each
+    step reads the truth plus a factor shared by its requests (sd 0.1, invisible inside it) plus
+    its own noise (sd 0.15, which its interval states)."""
+    from replay.stats.across_steps import pooled_check, spread_of
+
+    bound, own, shared = 30.0, 0.15, 0.1
+    passes = fails = 0
+    for _ in range(trials):
+        steps = []
+        for c in (30, 36, 32, 34, 31):
+            y = math.log(bound) + offset + rng.normal(0, shared) + rng.normal(0, own)
+            half = intervals.Z_975 * own
+            steps.append(_p90_step(c, math.exp(y), math.exp(y - half), math.exp(y + half)))
+        pooled = pooled_check(spread_of(steps[:-1], {"tpot_p90_ms": bound}, load=31), "tpot_p90_ms", bound, steps[-1])
+        passes += pooled is not None and pooled.sign == 1
+        fails += pooled is not None and pooled.sign == -1
+    return passes / trials, fails / trials
+
+
+def test_the_pooled_check_errs_no_more_often_than_one_steps_test_should() -> None:
+    # The figure 5% above the bound: a pass is an error; it must stay near the 2.5% a one-sided
+    # 95% test allows, though the steps share a factor their own intervals cannot see.
+    passed, _ = _pooled_rate(np.random.default_rng(3), math.log(1.05))
+    assert passed <= 0.05, passed
+    # 5% below: a fail is the error.
+    _, failed = _pooled_rate(np.random.default_rng(4), -math.log(1.05))
+    assert failed <= 0.05, failed
+
+
+def test_the_pooled_check_decides_what_one_step_cannot() -> None:
+    # 25% below the bound: each step's own interval (half width 0.29 on the log scale) reaches past
+    # it about one time in four; pooled, most steps are decided.
+    passed, failed = _pooled_rate(np.random.default_rng(5), math.log(0.75))
+    assert passed >= 0.6 and failed == 0, passed

@@ -3,10 +3,12 @@ by hand, with no server, no client and no clock."""
 
 from __future__ import annotations
 
+import math
+
 from replay.load.kinds import Concurrency, PoissonRate
 from replay.records import RequestRecord
 from replay.server.metrics import Sample
-from replay.stats.across_steps import Spread
+from replay.stats.across_steps import Figure, Spread
 from replay.step.result import MetricSnapshots, StepRecords, client_finished, step_result
 
 
@@ -106,6 +108,24 @@ def test_percentile_rules_are_judged_across_steps_with_the_spread():
     assert widened.slo_margin_log_sd == {"tpot_p50_ms": 0.25}
     lo, hi = widened.slo_ci95["tpot_p50_ms"]
     assert lo < 20.0 / 1.5 and hi > 20.0 * 1.5
+
+
+def test_a_rule_undecided_alone_is_decided_on_the_steps_around_its_load():
+    # The margin leaves TPOT p50 20 ms against 21 undecided; two steps just above the load read
+    # 18 and 19 ms on tight intervals, with a small measured scatter: the pooled figure, 19 ms
+    # or so, is below 21, and the step passes on it, saying so.
+    slo = {"tpot_p50_ms": 21}
+    figures = (Figure(4.5, math.log(18.0), 0.0004), Figure(4.8, math.log(19.0), 0.0004))
+    spread = Spread(log_sd={"tpot_p50_ms": 0.25}, figures={"tpot_p50_ms": figures}, pool_sd={"tpot_p50_ms": 0.02})
+    result = step_result(records(steady(200)), None, slo, spread=spread)
+    assert result.slo_verdicts["tpot_p50_ms"] == "pass" and result.slo_verdict == "pass"
+    pooled = result.slo_pooled["tpot_p50_ms"]
+    assert pooled.verdict == "pass" and pooled.loads == [4.0, 4.5, 4.8] and pooled.ci95[1] < 21
+    # Neighbours above the bound leave it undecided; nothing is recorded.
+    above = (Figure(4.5, math.log(24.0), 0.0004), Figure(4.8, math.log(25.0), 0.0004))
+    spread = Spread(log_sd={"tpot_p50_ms": 0.25}, figures={"tpot_p50_ms": above}, pool_sd={"tpot_p50_ms": 0.02})
+    result = step_result(records(steady(200)), None, slo, spread=spread)
+    assert result.slo_verdicts["tpot_p50_ms"] == "inconclusive" and result.slo_pooled == {}
 
 
 def test_rules_over_a_maximum_are_judged_on_figures_of_any_length():
