@@ -44,7 +44,9 @@ ranks): a percentile verdict is conclusive only on the widened interval.
    weighted by 1 / (its within-step variance + the between-step variance), is below the bound's
    log by z standard errors; it fails it when the mean over the steps from `NEAR` below up to its
    load is above by as much. The weighted mean of figures that are each at least the one at the
-   load is itself at least it, so the pooled test errs only the way a single step's does. Where
+   load is itself at least it, so the pooled test errs only the way a single step's does. Every
+   step near the load counts: one whose interval is open (often a short step that read high) is
+   given the variance its requests imply, never left out. Where
    the point's steps near the load do not yet show their scatter, the between-step sd is taken at
    its largest (`MAX_LOG_SD`), so two or three steps alone rarely decide.
 """
@@ -106,8 +108,10 @@ class Figure:
 
     load: float
     log_value: float
-    # The within-step variance of log_value, from the step's own 95% interval.
-    variance: float
+    # The within-step variance of log_value, from the step's own 95% interval; None where that is
+    # open on a side (pooled_check then gives it the variance its requests imply).
+    variance: float | None
+    requests: int | None = None
 
 
 @dataclass(frozen=True)
@@ -247,18 +251,39 @@ def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float
 
 
 def figure_of(step: StepResult, key: str) -> Figure | None:
-    """The step's log figure for percentile rule `key` and its within-step variance; None where
-    the step measured none or its interval is open on a side (too few requests for the rank)."""
+    """The step's log figure for percentile rule `key` and its within-step variance (None where its
+    interval is open on a side: too few requests for the rank); None where it measured none."""
     if percentile_rule(key) is None:
         return None
     metric, stat = key.split("_")[0], key.split("_")[1]
     summary = getattr(step, f"{metric}_ms")
     value = getattr(summary, stat)
-    ci = (summary.ci95 or {}).get(stat)
-    if value is None or value <= 0 or ci is None or ci[0] is None or ci[1] is None or ci[0] <= 0:
+    if value is None or value <= 0:
         return None
-    within = ((math.log(ci[1]) - math.log(ci[0])) / (2 * intervals.Z_975)) ** 2
-    return Figure(step.load.value, math.log(value), within)
+    ci = (summary.ci95 or {}).get(stat)
+    within = None
+    if ci is not None and ci[0] is not None and ci[1] is not None and ci[0] > 0:
+        within = ((math.log(ci[1]) - math.log(ci[0])) / (2 * intervals.Z_975)) ** 2
+    return Figure(step.load.value, math.log(value), within, step.requests_ok or None)
+
+
+def _variances(figures: Sequence[Figure]) -> list[float] | None:
+    """Each figure's within-step variance; one whose interval is open gets what its requests imply
+    at the point's precision (the median of variance x requests over the others), as log_scatter
+    does. A step that read far above its neighbours on few requests is often the one whose
+    interval is open: leaving it out would pool only the steps that read low. None where a
+    variance cannot be given."""
+    known = [f.variance * f.requests for f in figures if f.variance is not None and f.variance > 0 and f.requests]
+    per_request = float(np.median(known)) if known else None
+    out = []
+    for f in figures:
+        if f.variance is not None:
+            out.append(f.variance)
+        elif per_request is not None and f.requests:
+            out.append(per_request / f.requests)
+        else:
+            return None
+    return out
 
 
 def pooled_check(spread: Spread, key: str, bound: float, step: StepResult) -> Pooled | None:
@@ -276,9 +301,10 @@ def pooled_check(spread: Spread, key: str, bound: float, step: StepResult) -> Po
     ):
         if len(pool) < MIN_POOLED:
             continue
-        weights = [1.0 / (f.variance + sd2) for f in pool] if sd2 > 0 or all(f.variance > 0 for f in pool) else None
-        if weights is None:
+        variances = _variances(pool)
+        if variances is None or (sd2 == 0 and not all(v > 0 for v in variances)):
             continue
+        weights = [1.0 / (v + sd2) for v in variances]
         total = sum(weights)
         mean = sum(w * f.log_value for w, f in zip(weights, pool)) / total
         half = intervals.Z_975 * math.sqrt(1.0 / total)

@@ -277,3 +277,24 @@ def test_the_pooled_check_decides_what_one_step_cannot() -> None:
     # it about one time in four; pooled, most steps are decided.
     passed, failed = _pooled_rate(np.random.default_rng(5), math.log(0.75))
     assert passed >= 0.6 and failed == 0, passed
+
+
+def test_a_high_step_with_an_open_interval_is_pooled_not_left_out() -> None:
+    from replay.results import LatencySummary, LoadSpec
+    from replay.stats.across_steps import pooled_check, spread_of
+    from tests.fakes.results import make_step
+
+    # The demo's third run: 37 read 28.2 ms, 42 read 26.3 and 27.7, 47 read 27.8, and 44 read 37.7
+    # on 124 requests, its interval open above. Left out, the others would pass 42; counted, they
+    # do not.
+    slo_ = {"tpot_p90_ms": 30.0}
+    high = make_step(
+        load=LoadSpec(mode="concurrency", value=44), requests_ok=124, slo_verdict="fail",
+        tpot_ms=LatencySummary(p90=37.7, ci95={"p90": [35.3, None]}),
+    )  # fmt: skip
+    low = _p90_step(37, 28.2, 26.9, 30.2)
+    earlier = [_p90_step(47, 27.8, 26.4, 38.7), low, _p90_step(42, 26.3, 25.7, 27.8), high]
+    current = _p90_step(42, 27.7, 26.3, 35.9)
+    assert pooled_check(spread_of(earlier, slo_, load=42), "tpot_p90_ms", 30.0, current) is None
+    without = [_p90_step(47, 27.8, 26.4, 38.7), low, _p90_step(42, 26.3, 25.7, 27.8)]
+    assert pooled_check(spread_of(without, slo_, load=42), "tpot_p90_ms", 30.0, current) is not None
