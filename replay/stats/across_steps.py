@@ -81,10 +81,9 @@ MAX_LOG_SD = 0.25
 # The steps whose scatter a verdict at load L takes its between-step sd from: loads within this
 # share of L (spread_of).
 NEAR = 0.2
-_PERCENTILE_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p95|p99)_ms$")
-
-
+# The fewest steps (the judged one included) pooled_check decides on: one alone is its own verdict.
 MIN_POOLED = 2
+_PERCENTILE_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p95|p99)_ms$")
 
 
 @dataclass(frozen=True)
@@ -323,21 +322,7 @@ def between_step_log_sd(steps: Sequence[StepResult], key: str) -> float:
 
 def _log_points(steps: Sequence[StepResult], key: str) -> list[tuple[float, float, float | None, int | None]]:
     """(load, log figure, within variance or None, requests or None) per step that measured it."""
-    if percentile_rule(key) is None:
-        return []
-    metric, stat = key.split("_")[0], key.split("_")[1]
-    points: list[tuple[float, float, float | None, int | None]] = []
-    for s in steps:
-        summary = getattr(s, f"{metric}_ms")
-        value = getattr(summary, stat)
-        if value is None or value <= 0:
-            continue
-        ci = (summary.ci95 or {}).get(stat)
-        within = None
-        if ci is not None and ci[0] is not None and ci[1] is not None and ci[0] > 0:
-            within = ((math.log(ci[1]) - math.log(ci[0])) / (2 * intervals.Z_975)) ** 2
-        points.append((s.load.value, math.log(value), within, s.requests_ok or None))
-    return points
+    return [(f.load, f.log_value, f.variance, f.requests) for s in steps if (f := figure_of(s, key)) is not None]
 
 
 def log_scatter(points: Sequence[tuple[float, float, float | None, int | None]]) -> float:
