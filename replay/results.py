@@ -418,6 +418,10 @@ class StepResult(ResultModel):
     # Per percentile rule, the step's own tau (Geyer's or batch means', the larger), which the
     # point's later steps pool as a floor. Absent in older files.
     slo_tau: dict[str, float] = Field(default_factory=dict)
+    # Per percentile rule, the step's own tau on the series the verdict counts (whether each
+    # request met the bound; 1 where all did or none did), which the point's later steps pool as
+    # the floor of their count test. Absent in older files (slo_tau then stands in).
+    slo_tau_bound: dict[str, float] = Field(default_factory=dict)
     # Per percentile rule, the between-step sd of the figure's natural log behind the margin (only
     # rules with a margin). Absent in older files.
     slo_margin_log_sd: dict[str, float] = Field(default_factory=dict)

@@ -14,7 +14,12 @@ a between-step margin* in the docs, docs/concepts/repeatability.md):
    where it exceeds what independent requests give in 95% of windows; and the tau
    pooled over the point's earlier steps for the same rule within `NEAR` (20%) of the load
    (weighted by their requests), since the correlation is the server's and the corpus's at that
-   load, not one window's.
+   load, not one window's. Each series pools its own kind: the figure's interval floors the tau
+   of the quantile's indicator with the earlier steps' taus of theirs, and the verdict's count
+   test floors the tau of 1[x <= bound] with theirs of 1[x <= bound]. Values close together that
+   drift slowly make the first long (the indicator flips with the drift) while the second stays
+   1 wherever the drift never reaches the bound: a step at 5% under the bound is not held
+   undecided by the tau of its neighbours' quantile.
 2. **A step cannot see what it shares.** A factor common to every request of a step (the
    server's state when the step began, what the previous step left in its caches, which prompts
    the step drew) moves the whole window's figures together; no within-step estimate shows it.
@@ -90,8 +95,11 @@ _PERCENTILE_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p95|p99)_ms$")
 class Spread:
     """What a point's earlier steps say about the variance one step cannot see, per SLO rule."""
 
-    # Rule -> tau pooled over the earlier steps (a floor for this step's own).
+    # Rule -> tau pooled over the earlier steps (a floor for this step's own): of the quantile's
+    # indicator series (the figure's interval) ...
     tau: Mapping[str, float] = field(default_factory=dict)
+    # ... and of the series the verdict counts, 1[x <= bound] (the count test).
+    bound_tau: Mapping[str, float] = field(default_factory=dict)
     # Rule -> between-step standard deviation of the figure's natural log.
     log_sd: Mapping[str, float] = field(default_factory=dict)
     # Rule -> every earlier step's figure (pooled_check judges an undecided step with them).
@@ -129,14 +137,16 @@ class Pooled:
 class Check:
     """A percentile rule judged across steps: +1 shown within the bound, -1 shown above, 0 not
     shown either way; the widened 95% interval; the tau and margin it was judged with, and the
-    step's own tau (Geyer's or batch means', the larger, on the quantile's indicator series:
-    what the point's later steps pool, never floored by earlier ones, so the pool cannot ratchet)."""
+    step's own taus (Geyer's or batch means', the larger, never floored by earlier ones, so the pool
+    cannot ratchet): on the quantile's indicator series, and on the series the verdict counts,
+    1[x <= bound], which the point's later steps pool apart."""
 
     sign: int
     ci95: tuple[float | None, float | None]
     tau: float
     log_sd: float
     own_tau: float = 1.0
+    bound_tau: float = 1.0
 
 
 def percentile_rule(key: str) -> tuple[str, float] | None:
@@ -183,21 +193,35 @@ def _count_sign(arr: np.ndarray, q: float, bound: float, tau_floor: float) -> tu
 
 
 def quantile_check(
-    values: Sequence[float] | np.ndarray, q: float, bound: float, *, tau_floor: float = 1.0, log_sd: float = 0.0
+    values: Sequence[float] | np.ndarray,
+    q: float,
+    bound: float,
+    *,
+    tau_floor: float = 1.0,
+    log_sd: float = 0.0,
+    bound_tau_floor: float | None = None,
 ) -> Check:
-    """The q-quantile of a step's series (arrival order) against an upper `bound`, across steps."""
+    """The q-quantile of a step's series (arrival order) against an upper `bound`, across steps.
+
+    `tau_floor` floors the tau of the figure's interval (the quantile's indicator series);
+    `bound_tau_floor` (`tau_floor` when not given) that of the count test (1[x <= bound]). They
+    differ where the values lie close together and drift slowly: the quantile's indicator then
+    flips with the drift and reads a long tau, while whether a request met a bound the drift never
+    came near does not vary at all (replay.stats.intervals.quantile_versus_bound)."""
     arr = np.asarray(values, dtype=float)
     if arr.size == 0:
         return Check(-1, (None, None), 1.0, log_sd)
+    count_floor = tau_floor if bound_tau_floor is None else bound_tau_floor
     margin = math.exp(intervals.Z_975 * log_sd)
-    passes, tau_pass = _count_sign(arr, q, bound / margin, tau_floor)
-    fails, tau_fail = _count_sign(arr, q, bound * margin, tau_floor)
+    passes, tau_pass = _count_sign(arr, q, bound / margin, count_floor)
+    fails, tau_fail = _count_sign(arr, q, bound * margin, count_floor)
     sign = 1 if passes == 1 else (-1 if fails == -1 else 0)
     own_tau = step_tau((arr <= np.quantile(arr, q)).astype(float))
     estimate_tau = max(own_tau, tau_floor)
     lo, hi = intervals.quantile_interval(arr, q, tau=estimate_tau)
     ci = (None if lo is None else lo / margin, None if hi is None else hi * margin)
-    return Check(sign, ci, max(tau_pass, tau_fail, estimate_tau), log_sd, own_tau)
+    bound_tau = step_tau((arr <= bound).astype(float))
+    return Check(sign, ci, max(tau_pass, tau_fail, estimate_tau), log_sd, own_tau, bound_tau)
 
 
 def checks(
@@ -210,8 +234,10 @@ def checks(
         rule = percentile_rule(key)
         if rule is None or rule[0] not in samples:
             continue
+        tau = spread.tau.get(key, 1.0)
         out[key] = quantile_check(
-            samples[rule[0]], rule[1], bound, tau_floor=spread.tau.get(key, 1.0), log_sd=spread.log_sd.get(key, 0.0)
+            samples[rule[0]], rule[1], bound,
+            tau_floor=tau, log_sd=spread.log_sd.get(key, 0.0), bound_tau_floor=spread.bound_tau.get(key, tau),
         )
     return out
 
@@ -230,6 +256,7 @@ def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float
     ]
     near = closed if load is None else [s for s in closed if abs(s.load.value - load) <= NEAR * load]
     taus: dict[str, float] = {}
+    bound_taus: dict[str, float] = {}
     sds: dict[str, float] = {}
     figures: dict[str, tuple[Figure, ...]] = {}
     pool_sd: dict[str, float] = {}
@@ -237,16 +264,20 @@ def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float
         rule = percentile_rule(key)
         if rule is None:
             continue
-        weighted = [(s.requests_ok, s.slo_tau[key]) for s in near if key in s.slo_tau and s.requests_ok]
-        if weighted:
-            taus[key] = sum(n * t for n, t in weighted) / sum(n for n, _ in weighted)
+        # Both taus pooled over the same steps, weighted by their requests.
+        measuring = [s for s in near if key in s.slo_tau and s.requests_ok]
+        if measuring:
+            total = sum(s.requests_ok for s in measuring)
+            taus[key] = sum(s.requests_ok * s.slo_tau[key] for s in measuring) / total
+            # A file written before slo_tau_bound: its quantile's tau stands in (the larger, as before).
+            bound_taus[key] = sum(s.requests_ok * s.slo_tau_bound.get(key, s.slo_tau[key]) for s in measuring) / total
         measured, shown = _scatter(_log_points(near, key))
         sd = min(measured, MAX_LOG_SD)
         if sd > 0:
             sds[key] = sd
         figures[key] = tuple(f for s in closed if (f := figure_of(s, key)) is not None)
         pool_sd[key] = sd if shown else MAX_LOG_SD
-    return Spread(tau=taus, log_sd=sds, figures=figures, pool_sd=pool_sd)
+    return Spread(tau=taus, bound_tau=bound_taus, log_sd=sds, figures=figures, pool_sd=pool_sd)
 
 
 def figure_of(step: StepResult, key: str) -> Figure | None:

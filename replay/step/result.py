@@ -127,6 +127,7 @@ def slo_fields(
         slo_views={key: slo_mod.view(key) for key in slo},
         slo_ci95={key: list(c.ci95) for key, c in across.items()},
         slo_tau={key: round(c.own_tau, 3) for key, c in across.items()},
+        slo_tau_bound={key: round(c.bound_tau, 3) for key, c in across.items()},
         slo_margin_log_sd={key: round(c.log_sd, 4) for key, c in across.items() if c.log_sd},
         slo_pooled=pooled_fields(result, slo, across, spread),
     )

@@ -120,6 +120,42 @@ def test_a_short_step_with_an_open_interval_weighs_what_its_requests_say() -> No
     assert log_scatter([(20, 0.10, 0.004, 100), (20, 0.12, 0.001, 400)]) == 0.0
 
 
+def test_a_close_slowly_drifting_step_well_under_the_bound_is_not_held_by_its_neighbours_quantile_tau() -> None:
+    # The fake vLLM near its knee: 80 requests' TPOT within 70.9-71.2 ms, drifting slowly, against
+    # 75 ms. The median's indicator flips with the drift (a tau of 10-17, as the neighbours that
+    # straddled the bound read); whether a request met 75 ms never varies.
+    drift = 71.0 + 0.15 * np.sin(np.linspace(0, math.pi, 80))
+    own = quantile_check(drift, 0.5, 75.0)
+    assert own.sign == 1 and own.bound_tau == 1.0 and own.own_tau > 5
+    # Floored with the neighbours' quantile tau on both tests (before slo_tau_bound): undecided.
+    assert quantile_check(drift, 0.5, 75.0, tau_floor=17.0).sign == 0
+    # The count test floored with what the neighbours' count tests read: decided, while the
+    # figure's interval keeps the long tau.
+    pooled = quantile_check(drift, 0.5, 75.0, tau_floor=17.0, bound_tau_floor=6.0)
+    assert pooled.sign == 1 and pooled.ci95 == quantile_check(drift, 0.5, 75.0, tau_floor=17.0).ci95
+    # A neighbour whose requests straddled the bound, slowly, still floors it: there the count's
+    # own series is what correlates.
+    assert quantile_check(drift, 0.5, 75.0, tau_floor=17.0, bound_tau_floor=17.0).sign == 0
+
+
+def test_spread_of_pools_each_kind_of_tau_apart_and_old_files_fall_back() -> None:
+    from replay.stats.across_steps import spread_of
+    from replay.results import LatencySummary, LoadSpec
+    from tests.fakes.results import make_step
+
+    def step(c: int, tau: float, bound_tau: float | None):
+        return make_step(
+            load=LoadSpec(mode="concurrency", value=c), requests_ok=100, slo_verdict="pass",
+            slo_tau={"tpot_p50_ms": tau}, slo_tau_bound={} if bound_tau is None else {"tpot_p50_ms": bound_tau},
+            tpot_ms=LatencySummary(p50=70.0, ci95={"p50": [69.0, 71.0]}),
+        )  # fmt: skip
+
+    spread = spread_of([step(41, 10.0, 1.0), step(44, 16.0, 15.0)], {"tpot_p50_ms": 75.0})
+    assert spread.tau == {"tpot_p50_ms": 13.0} and spread.bound_tau == {"tpot_p50_ms": 8.0}
+    old = spread_of([step(41, 10.0, None), step(44, 16.0, None)], {"tpot_p50_ms": 75.0})
+    assert old.bound_tau == old.tau == {"tpot_p50_ms": 13.0}
+
+
 def test_checks_judge_client_percentile_rules_only() -> None:
     rng = np.random.default_rng(2)
     samples = {"tpot": np.exp(rng.normal(3.0, 0.1, 200))}
