@@ -381,6 +381,11 @@ def _bounded_figures(s: StepResult, slo: dict[str, float]) -> str:
         if test is not None and ci is not None and ci[1] is None:
             # "pass" beside an interval open above: the exceedance count is what passed it.
             cell += f" (passed: {exceedance_text(test)})"
+        pooled = s.slo_pooled.get(key)
+        if pooled is not None:
+            # Undecided alone, decided on the point's steps around this load.
+            loads = ", ".join(num(x, 2) for x in pooled.loads)
+            cell += f" ({pooled.verdict} on the steps at {loads}: {with_ci(pooled.figure, pooled.ci95)})"
         cells.append(cell)
     if s.slo_attainment is not None:
         cells.append(f"attainment {with_ci(s.slo_attainment * 100, [None if v is None else v * 100 for v in s.slo_attainment_ci95 or [None, None]])}%")

@@ -83,3 +83,18 @@ def test_a_disturbed_pass_is_not_the_knee():
     results = results_with_a_disturbed_step()
     _, interval = knee(results.steps)
     assert interval[0] is not None and interval[0] < results.min_failing_concurrency
+
+
+def test_the_report_says_which_steps_decided_a_rule_one_step_left_undecided():
+    from replay.results import SloPooled
+
+    results = _replay()
+    steps = list(results.steps)
+    at = next(i for i, s in enumerate(steps) if s.slo_pass)
+    steps[at] = steps[at].model_copy(update={
+        "tpot_ms": LatencySummary(p90=24.1, ci95={"p90": [18.0, 33.5]}),
+        "slo_pooled": {"tpot_p90_ms": SloPooled(verdict="pass", loads=[40.0, 44.0, 46.0], figure=24.6, ci95=[23.9, 25.3])},
+    })
+    data = from_replay(Path("replay.json"), results.model_copy(update={"steps": steps, "slo": {**results.slo, "tpot_p90_ms": 30.0}}))
+    text = markdown.render(data, None, [])
+    assert "tpot p90 24.1 [18, 33.5] (pass on the steps at 40, 44, 46: 24.6 [23.9, 25.3])" in text
