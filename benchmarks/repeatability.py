@@ -17,8 +17,9 @@ Targets:
 - `--target fake` (the default): the fake server as its own process, one per search, at
   search_cost.py's scaled timescale (ITL = 20 ms x (1 + 0.05 x running), 15 tokens a request)
   with per-request lognormal noise (`--slowness-sigma`), a factor shared by each step's requests
-  and drawn anew per step (`--step-sigma`), and spurious preemptions (`--preemption-rate`, per
-  request per request running). SLO tpot_p90_ms = 70.5 and max_preemptions = 0 by default.
+  and drawn anew per step (`--step-sigma`; the fake draws it when a request finds it idle for
+  `--step-idle-s`, shorter than the pause between two steps), and spurious preemptions
+  (`--preemption-rate`, per request per request running). SLO tpot_p90_ms = 70.5 and max_preemptions = 0 by default.
 - `--target url --url URL --corpus PATH`: a running server, for example the CPU demo's 32M point
   (examples/cpu-demo.toml: start its vLLM with --kv-cache-memory-bytes 32M --max-model-len 12288
   and pass prompts/prod.jsonl); the SLO defaults to that demo's, and `--start 59` starts each
@@ -26,6 +27,8 @@ Targets:
 
 Figures are only meaningful with nothing else running on the machine. Run:
     .venv/bin/python benchmarks/repeatability.py --searches 5 --steps 10
+The fake's searches are seeded (search i with `--seed` + i), so two runs with the same seed
+replay much the same draws; for independent runs give each its own `--seed` (100, 200, 300).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def start_fake(log: Path, seed: int, args: argparse.Namespace) -> tuple[subproce
         log,
         "--itl-s", str(ITL_S), "--itl-growth-per-running", str(GROWTH), "--ttft-s", str(TTFT_S),
         "--slowness-sigma", str(args.slowness_sigma), "--step-sigma", str(args.step_sigma),
+        "--step-idle-s", str(args.step_idle_s),
         "--preemption-rate", str(args.preemption_rate), "--seed", str(seed),
     )  # fmt: skip
 
@@ -149,7 +153,16 @@ def main() -> int:
     parser.add_argument("--max-requests", type=int, default=400, help="[replay] max_requests (default 400, the demo's)")
     parser.add_argument("--slowness-sigma", type=float, default=0.2, help="fake: per-request lognormal sd")
     parser.add_argument("--step-sigma", type=float, default=0.05, help="fake: per-step shared lognormal sd")
+    parser.add_argument(
+        "--step-idle-s", type=float, default=0.005,
+        help="fake: idle time after which the shared factor is drawn anew (default 0.005 s, under the pause"
+        " between two steps: one factor per step; 0.05 keeps it across about half the steps, a level that drifts)",
+    )
     parser.add_argument("--preemption-rate", type=float, default=2e-5, help="fake: per request per request running")
+    parser.add_argument(
+        "--seed", type=int, default=100,
+        help="fake: search i runs with seed SEED + i (default 100); runs with the same seed replay the same draws",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
     if args.target == "url" and (not args.url or not args.corpus):
@@ -181,22 +194,23 @@ def main() -> int:
                     proc.wait()
 
         for i in range(args.searches):
-            row = run(f"search-{i}", 100 + i, lambda url: one_search(url, corpus, slo, settings))
+            row = run(f"search-{i}", args.seed + i, lambda url: one_search(url, corpus, slo, settings))
             searches.append(row)
             order = [(int(s.load.value), s.slo_verdict) for s in row["steps"]]
             print(f"search {i + 1}: answer {row['answer']} (knee_fit {row['knee_fit']}), {len(row['steps'])} steps, {row['wall_s']:.0f} s: {order}", flush=True)
         answers = [r["answer"] for r in searches if r["answer"] is not None]
         load = args.load or (int(statistics.median(answers)) if answers else None)
         if load is not None and args.steps:
-            fixed = run("fixed", 999, lambda url: fixed_steps(url, corpus, slo, settings, load, args.steps))
+            fixed = run("fixed", args.seed + 899, lambda url: fixed_steps(url, corpus, slo, settings, load, args.steps))
     print()
     for name, values in (("max passing", answers), ("knee_fit", [r["knee_fit"] for r in searches if r["knee_fit"] is not None])):
         if values:
             med = statistics.median(values)
             spread = max(values) - min(values)
             print(f"{name} {values}: spread {spread} ({spread / med:.1%} of the median {med:g})")
-    print(f"steps per search: median {statistics.median([len(r['steps']) for r in searches]):g};"
-          f" time per search: median {statistics.median([r['wall_s'] for r in searches]):.0f} s")
+    if searches:
+        print(f"steps per search: median {statistics.median([len(r['steps']) for r in searches]):g};"
+              f" time per search: median {statistics.median([r['wall_s'] for r in searches]):.0f} s")
     if fixed:
         verdicts = [s.slo_verdict for s in fixed]
         print(f"{len(fixed)} steps at {load}: verdicts {dict((v, verdicts.count(v)) for v in sorted(set(map(str, verdicts))))}")
