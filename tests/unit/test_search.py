@@ -279,6 +279,19 @@ def test_a_descent_through_inconclusive_steps_below_a_contested_load_does_not_ha
     assert next_probe(history, confirm=True) == 25
 
 
+def test_a_flat_line_extended_below_every_step_crosses_no_deeper_than_half_the_proportional_estimate():
+    # The repeatability benchmark's search that answered 18: 67, 57 and 47 failed early on short
+    # steps that read TPOT p90 1.16, 1.25 and 1.16 of the bound. The line through them crosses 1
+    # at 6; the probe is half the proportional estimate 47 / 1.162 instead (the fake's law puts
+    # the knee at 34).
+    history = [Probe(67, "fail", {"tpot_p90_ms": 1.157}), Probe(57, "fail", {"tpot_p90_ms": 1.248}),
+               Probe(47, "fail", {"tpot_p90_ms": 1.162})]  # fmt: skip
+    assert predicted_knee(history) == pytest.approx(47 / 1.162 / 2)
+    assert next_probe(history, start=67, upper=67, confirm=True) == 20
+    # A model inside the halving is still followed: from one point, the ratio proportional to load.
+    assert next_probe([Probe(90, "fail", {"a": 1.5})], start=90, upper=90) == 60
+
+
 @pytest.mark.parametrize("knee", [5, 17, 18, 40])
 def test_steps_down_reach_any_knee_below_a_model_that_overshoots(knee):
     # The ratio law says 19.5, but the server breaks above `knee`: the search still converges to it.
