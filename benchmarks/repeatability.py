@@ -87,7 +87,12 @@ async def one_search(url: str, corpus_path: Path, slo: dict[str, float], setting
     # The search's own answer (max passing: the highest pass below the lowest failure) and the
     # knee read from every step (replay.search.pass_fit, at the default pass probability 0.9).
     fitted = pass_fit.fit(replay.steps, settings.knee_pass_probability)
-    return {"answer": outcome.max_passing, "knee_fit": fitted.knee_fit, "steps": list(replay.steps), "wall_s": wall}
+    # Where the strict preemption rule leaves the answer unsure, the report's line says so.
+    rare = pass_fit.rare_event_margin(replay.steps, slo, fitted.knee_fit, settings.knee_pass_probability)
+    return {
+        "answer": outcome.max_passing, "knee_fit": fitted.knee_fit, "steps": list(replay.steps), "wall_s": wall,
+        "rare_events": rare,
+    }  # fmt: skip
 
 
 async def fixed_steps(
@@ -198,6 +203,8 @@ def main() -> int:
             searches.append(row)
             order = [(int(s.load.value), s.slo_verdict) for s in row["steps"]]
             print(f"search {i + 1}: answer {row['answer']} (knee_fit {row['knee_fit']}), {len(row['steps'])} steps, {row['wall_s']:.0f} s: {order}", flush=True)
+            for line in row["rare_events"]:
+                print(f"  {line}", flush=True)
         answers = [r["answer"] for r in searches if r["answer"] is not None]
         load = args.load or (int(statistics.median(answers)) if answers else None)
         if load is not None and args.steps:
@@ -223,6 +230,7 @@ def main() -> int:
         args.json.write_text(json.dumps({
             "answers": [r["answer"] for r in searches],
             "knee_fit": [r["knee_fit"] for r in searches],
+            "rare_events": [r["rare_events"] for r in searches],
             "steps_per_search": [len(r["steps"]) for r in searches],
             "wall_s": [r["wall_s"] for r in searches],
             "searches": [[s.model_dump(mode="json") for s in r["steps"]] for r in searches],

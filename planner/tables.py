@@ -115,6 +115,7 @@ def replay_summary(results: ReplayResults) -> list[str]:
         band = pass_fit.describe(pass_fit.fit(results.steps, results.knee_fit_level))
         if band is not None:
             lines.append(f"from every step: {band}")
+        lines.extend(pass_fit.rare_event_margin(results.steps, results.slo, results.knee_fit, results.knee_fit_level))
     lines.extend(disturbed_lines(results.steps, results.disturbed_concurrency, results.interference_allowed))
     if results.concurrency_unit == "sessions":
         lines.append("concurrency counts sessions (users in flight), not requests")

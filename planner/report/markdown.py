@@ -120,6 +120,8 @@ def _recommendation(data: ReportData) -> list[str]:
         out.append(f"- From every step: {band}")
     for line in pass_fit.little_margin(best.steps, data.slo or {}):
         out.append(f"- {line}")
+    for line in pass_fit.rare_event_margin(best.steps, data.slo or {}, best.answer_load, best.knee_fit_level):
+        out.append(f"- {line}")
     inconclusive = [s for s in best.steps if s.slo_verdict == "inconclusive"]
     if inconclusive:
         loads = ", ".join(num(s.load.value) for s in inconclusive)

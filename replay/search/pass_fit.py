@@ -15,6 +15,11 @@ a Wilson 95% interval on the pooled weight.
   pass]. Between them the steps disagree or fail; when they agree the band is one load wide.
 - `contested`: loads that both passed and did not pass. They are shown, never hidden: a load
   that failed once and passed once is not "the lowest conclusive fail" without its pass.
+- `rare_event_margin`: the strict `max_preemptions = 0` rule where it capped the answer, from the
+  preemption rate pooled over the steps at and above the load that broke it. A step passes that
+  rule when no preemption came in its first `EXPOSURE_REQUESTS` measured requests, a trial that
+  passes with probability exp(-EXPOSURE_REQUESTS x rate). Where that probability's interval
+  reaches below the level, the knee may rest on single preemptions, and the report says so.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 
 from replay.results import PassPoint, StepResult
 from replay.slo import rules as slo_mod
+from replay.slo.max_rules import EXPOSURE_REQUESTS, poisson_interval
 from replay.stats.intervals import Z_975
 from replay.stats.isotonic import isotonic
 
@@ -180,3 +186,54 @@ def little_margin(steps: Sequence[StepResult], slo: Mapping[str, float]) -> list
             f" ({run} loads): little margin"
         )
     return out
+
+
+def rare_event_margin(steps: Sequence[StepResult], slo: Mapping[str, float], answer: int | None, level: float | None = None) -> list[str]:
+    """The strict `max_preemptions = 0` rule where it capped the answer and the point's preemptions
+    leave it unsure: "max_preemptions = 0 capped the knee at 28: 29 broke it; from 29 up, 1
+    preemption in 142 requests over 3 steps: a 100-request step passes it with probability 0.49
+    (95%: 0.02-0.98), against the 0.9 the answer is read at: the knee may rest on single
+    preemptions"; empty otherwise.
+
+    It applies when a step at the lowest load above the answer that did not pass broke that rule.
+    Preemptions do not get rarer as load rises, so the steps at and above that load bound its rate
+    from above; their preemptions per measured request (with an exact Poisson interval) give the
+    probability that a step passes the rule there. When that interval reaches below the level,
+    the steps cannot tell a knee capped by the rule from one capped by a single preemption."""
+    if answer is None or slo.get("max_preemptions") != 0:
+        return []
+    informative = [
+        s for s in steps
+        if s.load.mode == "concurrency" and not s.disturbed and s.slo_verdict != "unresolved"
+    ]  # fmt: skip
+    above = sorted({int(s.load.value) for s in informative if int(s.load.value) > answer and not s.slo_pass})
+    if not above:
+        return []
+    capped = above[0]
+    broke = [
+        s for s in informative
+        if int(s.load.value) == capped and not s.slo_pass
+        and (s.slo_verdicts.get("max_preemptions") == "fail" or "max_preemptions" in s.slo_violations)
+    ]  # fmt: skip
+    if not broke:
+        return []
+    counted = [
+        s for s in informative
+        if int(s.load.value) >= capped and s.server.preemptions is not None and s.requests_ok + s.requests_failed > 0
+    ]  # fmt: skip
+    seen = sum(s.server.preemptions for s in counted)
+    n = sum(s.requests_ok + s.requests_failed for s in counted)
+    if not seen or not n:
+        return []
+    level = level_of(level)
+    lo, hi = poisson_interval(int(round(seen)))
+    p = math.exp(-EXPOSURE_REQUESTS * seen / n)
+    p_lo, p_hi = math.exp(-EXPOSURE_REQUESTS * hi / n), math.exp(-EXPOSURE_REQUESTS * lo / n)
+    if p_lo >= level:
+        return []
+    return [
+        f"max_preemptions = 0 capped the knee at {answer}: {capped} broke it; from {capped} up, {seen:g}"
+        f" preemption{'' if seen == 1 else 's'} in {n} requests over {len(counted)} step{'' if len(counted) == 1 else 's'}:"
+        f" a {EXPOSURE_REQUESTS}-request step passes it with probability {p:.2f} (95%: {p_lo:.2f}-{p_hi:.2f}),"
+        f" against the {level:g} the answer is read at: the knee may rest on single preemptions"
+    ]

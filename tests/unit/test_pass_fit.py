@@ -87,3 +87,39 @@ def test_the_knee_range_runs_from_the_clean_passes_to_the_first_load_above_every
     assert knee_range(fit_trials([(8, "pass"), (16, "pass")])) == [16, None]
     assert knee_range(fit_trials([(8, "fail"), (8, "pass"), (16, "fail")])) == [None, 16]
     assert knee_range(fit_trials([])) is None
+
+
+def test_a_knee_that_may_rest_on_single_preemptions_is_named():
+    from replay.results import ServerSummary
+    from replay.search.pass_fit import rare_event_margin
+
+    def step(c: int, verdict: str, preemptions: float | None, requests: int = 100, broke: str = "tpot_p90_ms"):
+        return make_step(
+            load=LoadSpec(mode="concurrency", value=c), slo_verdict=verdict, slo_pass=verdict == "pass",
+            requests_ok=requests, requests_failed=0, server=ServerSummary(metrics_available=True, preemptions=preemptions),
+            slo_verdicts={} if verdict == "pass" else {broke: "fail"},
+        )  # fmt: skip
+
+    slo = {"tpot_p90_ms": 70.5, "max_preemptions": 0.0}
+    # The repeatability benchmark's search that answered 28: 29 failed on one spurious preemption.
+    steps = [step(61, "fail", 0, 12), step(46, "fail", 0, 30), step(29, "fail", 1, broke="max_preemptions"),
+             step(23, "pass", 0), step(26, "pass", 0), step(27, "pass", 0), step(28, "pass", 0), step(28, "pass", 0)]  # fmt: skip
+    (line,) = rare_event_margin(steps, slo, 28)
+    # From 29 up: 1 preemption in 142 requests; exp(-100/142) = 0.49, and the interval's lower
+    # end, exp(-100 x 5.57 / 142), is 0.02: far below the 0.9 level.
+    assert line.startswith("max_preemptions = 0 capped the knee at 28: 29 broke it; from 29 up, 1 preemption in 142 requests over 3 steps:")
+    assert "probability 0.49 (95%: 0.02-0.98), against the 0.9 the answer is read at" in line
+    # Capped by another rule, or with no failure above the answer: nothing to say.
+    tpot_capped = [step(29, "fail", 1) if s.load.value == 29 else s for s in steps]
+    assert rare_event_margin(tpot_capped, slo, 28) == []
+    assert rare_event_margin(steps, slo, 61) == []
+    # A rate rule is not strict; no answer, no line.
+    assert rare_event_margin(steps, {**slo, "max_preemptions": 2.0}, 28) == []
+    assert rare_event_margin(steps, slo, None) == []
+    # Many requests above the cap with one preemption leave a margin: 1 in 20,000 reads 0.995 (0.97-1.00).
+    assert rare_event_margin(steps + [step(30, "fail", 0, 20_000)], slo, 28) == []
+    # A counter that was not read is left out (never read as 0 preemptions, nor as a margin).
+    unread = [step(29, "fail", 1, broke="max_preemptions"), step(40, "fail", None), step(28, "pass", 0)]
+    assert rare_event_margin(unread, slo, 28)[0].startswith(
+        "max_preemptions = 0 capped the knee at 28: 29 broke it; from 29 up, 1 preemption in 100 requests over 1 step:"
+    )

@@ -317,6 +317,27 @@ def test_a_lowest_fail_that_also_passed_is_said_so_and_the_band_is_shown(tmp_pat
     assert (row["knee_fit"], row["knee_band_hi"], row["contested_concurrency"]) == ("20", "24", "24")
 
 
+def test_a_knee_capped_by_a_single_preemption_is_said_so(tmp_path: Path) -> None:
+    replay = _replay()
+    for s in replay.steps:
+        s.slo_verdict = "pass" if s.slo_pass else "fail"
+    # 21, the lowest load above the answer (20) that did not pass, broke only max_preemptions = 0,
+    # on one preemption in 127 requests: the knee may rest on it, and the report says so.
+    at_21 = next(s for s in replay.steps if s.load.value == 21)
+    at_21.slo_violations, at_21.slo_verdicts, at_21.server.preemptions = ["max_preemptions"], {"max_preemptions": "fail"}, 1.0
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "replay.json").write_text(replay.model_dump_json())
+    write_report(out)
+    rec = _section((out / "report.md").read_text(), "Recommendation")
+    assert "- max_preemptions = 0 capped the knee at 20: 21 broke it; from 21 up, 1 preemption in 498 requests over 4 steps:" in rec
+    assert "probability 0.82 (95%: 0.33-0.99), against the 0.9 the answer is read at" in rec
+    at_21.slo_violations, at_21.slo_verdicts = ["itl_p99_ms"], {"itl_p99_ms": "fail"}
+    (out / "replay.json").write_text(replay.model_dump_json())
+    write_report(out)
+    assert "capped the knee" not in (out / "report.md").read_text()
+
+
 def test_a_bracket_ending_at_an_inconclusive_step_is_not_called_violated(tmp_path: Path) -> None:
     replay = _replay()
     for s in replay.steps:
