@@ -18,6 +18,9 @@ launch, against the best confirmed safe concurrency per GPU so far ("the best"):
    prediction is checked again, then verified by two steps (the predicted concurrency, one
    precision step above it) and the confirmation the search would take; a disagreement falls back
    to a full search of that point (counted: AdaptiveSummary.fallbacks).
+   With [sweep] verify_predictions = "all", every later point of a class is launched and its
+   prediction verified, dominated or not: a check of the speed-class assumption on the engine
+   at hand, not a way to find the best faster.
 
 The recommendation (planner.sweep.outcome.choose_best) only ever picks a point with status "ok":
 measured at its concurrency, searched or verified.
@@ -174,7 +177,7 @@ class AdaptivePlanner:
     def settle_before_launch(self, point: Point, result: PointResult, best: PointResult | None) -> bool:
         """Whether the point is settled without a launch (dominated by [replay] max_concurrency, or
         predicted by its class's law), setting its result."""
-        if best is None or best.safe_concurrency_per_gpu is None:
+        if best is None or best.safe_concurrency_per_gpu is None or self.verify_all:
             return False
         beat, by = best.safe_concurrency_per_gpu, best.id
         cap = self.settings.replay.max_concurrency
@@ -217,7 +220,12 @@ class AdaptivePlanner:
             speed_class=cls,
             max_num_seqs=self._max_num_seqs(point),
             max_concurrency=self.settings.replay.max_concurrency,
+            verify_all=self.verify_all,
         )
+
+    @property
+    def verify_all(self) -> bool:
+        return self.settings.sweep.verify_predictions == "all"
 
     def _max_num_seqs(self, point: Point) -> int | None:
         # It caps what passes only when the SLOs see the requests that wait for a slot.

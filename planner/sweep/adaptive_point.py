@@ -3,7 +3,8 @@ runs it and calls in here at two places):
 
 1. Once its server has started and its search ceiling is known (the KV pool over the corpus):
    `settled_by_bound` ends a point whose ceiling cannot beat the best confirmed answer so far
-   (dominated), or whose class's law, with its real ceiling, says it cannot (predicted).
+   (dominated), or whose class's law, with its real ceiling, says it cannot (predicted). Under
+   [sweep] verify_predictions = "all" it ends none, and only sets the prediction to verify.
 2. In place of the search: `planned_search` verifies the class's prediction with two steps, at
    the predicted concurrency and one precision step above it (then confirms the pass as the
    search would), and falls back to a full search from there when they disagree.
@@ -40,6 +41,14 @@ def settled_by_bound(result: PointResult, upper: int, *, gpus: int, headroom: fl
     if plan is None:
         return False
     beat, by = plan.beat_safe_concurrency_per_gpu, plan.beat_by or "-"
+    if plan.verify_all:
+        # [sweep] verify_predictions = "all": never settled unsearched; the law's prediction, with
+        # the real ceiling, is what the steps verify.
+        if plan.law is not None:
+            result.knee_prediction = predict(
+                plan.law, kv_ceiling=upper, max_num_seqs=plan.max_num_seqs, max_concurrency=plan.max_concurrency
+            )
+        return False
     ceiling_safe = safe_per_gpu(upper, headroom, gpus) or 0.0
     if beat is not None and ceiling_safe <= beat:
         mark_dominated(

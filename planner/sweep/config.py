@@ -257,6 +257,12 @@ class StrategySection(_Strict):
     # Flags that change only memory, never a step's speed: points that differ only in them share a
     # speed class (planner.sweep.classes). Underscore or dash form.
     memory_only_flags: list[str] = Field(default_factory=lambda: list(DEFAULT_MEMORY_ONLY_FLAGS))
+    # Which predictions the adaptive strategy verifies by measurement: "could_win", those whose
+    # interval could beat the best confirmed answer (the others are settled as predicted or
+    # dominated, unlaunched); "all", every point of a class whose law is known, dominated or not,
+    # a check of the speed-class assumption on this engine that pays every point's start-up and
+    # two or three steps (and a full search wherever a verification disagrees).
+    verify_predictions: Literal["could_win", "all"] = "could_win"
     # Measure the recommended point's safe concurrency once more on a freshly started server
     # (planner.sweep.fresh); the results say whether it held.
     confirm_fresh_server: bool = True

@@ -57,11 +57,18 @@ def class_lines(
     lines += [f"  {c.id}: {c.label()}: {len(c.point_ids)} point{'s' if len(c.point_ids) != 1 else ''}" for c in classes]
     ordered = list(points)
     if settings.sweep.strategy == "adaptive":
-        lines.append(
-            "strategy: adaptive: highest bound per GPU first; the first point of each class is searched in full, the"
-            " others are predicted from its law, verified when they could win, and skipped (dominated, predicted)"
-            " when they cannot beat the best confirmed point"
-        )
+        if settings.sweep.verify_predictions == "all":
+            lines.append(
+                "strategy: adaptive, verify_predictions = all: highest bound per GPU first; the first point of each"
+                " class is searched in full, and every other point is started and its prediction verified by"
+                " measurement, none skipped (a check of the speed-class assumption)"
+            )
+        else:
+            lines.append(
+                "strategy: adaptive: highest bound per GPU first; the first point of each class is searched in full, the"
+                " others are predicted from its law, verified when they could win, and skipped (dominated, predicted)"
+                " when they cannot beat the best confirmed point"
+            )
         todo = []
         for p in points:
             r = PointResult(id=p.id, config=p.config, command=[], status="pending", fingerprint="")

@@ -156,6 +156,9 @@ class PointPlan(ResultModel):
     max_num_seqs: int | None = None
     # [replay] max_concurrency, which caps every search.
     max_concurrency: int | None = None
+    # [sweep] verify_predictions = "all": verify the class's prediction even where the point
+    # cannot win (never settled as dominated or predicted).
+    verify_all: bool = False
 
 
 class PointResult(ResultModel):

@@ -19,17 +19,17 @@ from planner.sweep.results import SweepResults
 from tests.fakes.sweep_files import write_corpus, write_sweep_config
 
 
-def write_config(tmp_path: Path, strategy: str) -> Path:
+def write_config(tmp_path: Path, strategy: str, *, tokens: tuple[int, ...] = (2048, 4096), **sweep_keys) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     return write_sweep_config(
         tmp_path,
         corpus=write_corpus(tmp_path / "corpus.jsonl"),
         env={"FAKE_VLLM_ITL_S": "0.02", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005"},
         grid={"max_model_len": [128]},
-        extra={"max_num_batched_tokens": [2048, 4096], "kv_cache_memory_bytes": ["4M", "128K"], "max_num_seqs": [64, 3]},
+        extra={"max_num_batched_tokens": list(tokens), "kv_cache_memory_bytes": ["4M", "128K"], "max_num_seqs": [64, 3]},
         replay={"start_concurrency": 4, "min_requests": 20, "max_window_s": 60, "request_timeout_s": 30},
         slo={"tpot_p50_ms": 75, "ttft_max_ms": 150, "error_rate": 0, "headroom": 0.2},
-        more={"sweep": {"strategy": strategy}},
+        more={"sweep": {"strategy": strategy, **sweep_keys}},
     )
 
 
@@ -85,3 +85,23 @@ def test_adaptive_finds_the_laws_best_as_exhaustive_does_searching_one_point_per
             top = predicted.knee_prediction.interval[1]
             assert p.safe_concurrency_per_gpu is None or p.safe_concurrency_per_gpu <= 4, p.id
             assert p.max_passing_concurrency is None or top is None or p.max_passing_concurrency <= max(top, 4), p.id
+
+
+@pytest.mark.timeout(600)
+def test_verify_predictions_all_measures_every_prediction_of_the_class(tmp_path, capsys):
+    # One class (2048 tokens a step): the 4 MiB, 64-seq point is searched; the three others,
+    # which cannot beat it, are started all the same and their predictions verified.
+    out = tmp_path / "out"
+    config = write_config(tmp_path, "adaptive", tokens=(2048,), verify_predictions="all")
+    assert main(["sweep", "--config", str(config), "--output", str(out)]) == 0
+    results = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    by_shape = {shape(p)[1:]: p for p in results.points}
+    assert by_shape[("4M", 64)].answer_source == "searched" and results.best.point_id == by_shape[("4M", 64)].id
+    expected = {("4M", 3): (3, "max_num_seqs"), ("128K", 64): (4, "kv_pool"), ("128K", 3): (3, "max_num_seqs")}
+    for key, (concurrency, limit) in expected.items():
+        p = by_shape[key]
+        assert p.status == "ok" and p.answer_source == "verified" and p.knee_prediction.verified is True, (key, p.answer_note)
+        assert (p.knee_prediction.concurrency, p.knee_prediction.limit) == (concurrency, limit), key
+        assert p.max_passing_concurrency == concurrency and p.dominance is None
+        assert 2 <= len(p.steps) <= 3, [s.load.value for s in p.steps]
+    assert results.adaptive.model_dump() == {"searched": 1, "verified": 3, "predicted": 0, "dominated": 0, "fallbacks": 0}

@@ -211,6 +211,29 @@ def test_a_point_whose_prediction_cannot_beat_the_best_is_predicted_without_a_la
     assert plan.law.from_point == first.id and plan.beat_safe_concurrency_per_gpu == 22.0 and plan.max_num_seqs == 64
 
 
+def test_verify_predictions_all_launches_every_point_and_verifies_each_prediction(tmp_path):
+    s = settings(grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}}, verify_predictions="all")
+    points = expand(s)
+    classes = class_of(points, s.sweep.memory_only_flags)
+    first = searched(points[0].id)
+    planner = AdaptivePlanner(s, classes, points, [first])
+    best = best_confirmed([first], confirm=True)
+    # The max_num_seqs 8 twin cannot win, yet it runs, with the law to verify.
+    capped = result(points[2].id)
+    assert not planner.settle_before_launch(points[2], capped, best) and capped.status == "pending"
+    capped.plan = planner.plan(points[2], best)
+    assert capped.plan.verify_all and capped.plan.law.from_point == first.id
+    # Its KV ceiling (10, at most 8 safe per GPU against 22) would dominate it: it is verified instead.
+    assert not settled_by_bound(capped, 10, gpus=1, headroom=0.2)
+    assert capped.status == "pending" and capped.dominance is None
+    assert (capped.knee_prediction.concurrency, capped.knee_prediction.limit) == (8, "max_num_seqs")
+    assert SweepSettings(server={"model": "m"}).sweep.verify_predictions == "could_win"
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[server]\nmodel = "m"\n[sweep]\nverify_predictions = "some"\n')
+    with pytest.raises(ConfigError, match=r"s.toml:4: sweep.verify_predictions: Input should be 'could_win' or 'all'"):
+        load_settings(cfg)
+
+
 # Verification ----------------------------------------------------------------------------------
 
 class ScriptedReplay:

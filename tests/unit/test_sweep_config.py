@@ -175,7 +175,7 @@ def test_dry_run_prints_the_grid_and_every_command_without_secrets(tmp_path, cap
     assert "s3cret" not in "\n".join(out)
 
 
-@pytest.mark.parametrize("path", ["examples/cpu-demo.toml", "examples/cpu-adaptive.toml", "docker/sweep.toml"])
+@pytest.mark.parametrize("path", ["examples/cpu-demo.toml", "examples/cpu-adaptive.toml", "examples/cpu-adaptive-verify.toml", "docker/sweep.toml"])
 def test_shipped_sweep_configs_are_valid(path):
     from pathlib import Path
 
