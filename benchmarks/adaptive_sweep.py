@@ -6,7 +6,7 @@ g = 0.5 x max_num_batched_tokens / 2048: three speed classes (256, 1024 and 4096
 whose latency knees under tpot_p50_ms = 75 are floor(2.75 / g) = 44, 11 and 2. Each class has
 four pools (kv_cache_memory_bytes 4M, 2M, 256K, 128K: 128, 64, 8 and 4 blocks of 128 tokens, one
 corpus request each) and three max_num_seqs caps (64, 8, 3; above the cap requests wait for a
-slot, which ttft_max_ms = 150 sees): 36 points. A point's true max passing concurrency is
+slot, which max_waiting = 0 forbids, and ttft_max_ms = 150 sees): 36 points. A point's true max passing concurrency is
 min(latency knee, blocks, max_num_seqs); its safe concurrency floor(0.8 x that) (headroom 0.2).
 Two pools hold the fastest class's knee (44). The search of the first stops once its bracket is
 within its precision (5%, two loads there); where the bracket is wider than one load, the second's
@@ -75,7 +75,8 @@ def write_config(folder: Path, grid: dict, strategy: str, seed: int) -> Path:
         grid={"max_model_len": [128]},
         extra=grid,
         replay={"seed": seed, "start_concurrency": 4, "min_requests": 20, "max_window_s": 60, "request_timeout_s": 30},
-        slo={"tpot_p50_ms": TPOT_BOUND_MS, "ttft_max_ms": 150, "error_rate": 0, "headroom": HEADROOM},
+        # max_waiting = 0 makes max_num_seqs a cap on what passes (planner.sweep.laws.waiting_allowed).
+        slo={"tpot_p50_ms": TPOT_BOUND_MS, "ttft_max_ms": 150, "max_waiting": 0, "error_rate": 0, "headroom": HEADROOM},
         more={"sweep": {"strategy": strategy}},
         model=f"adaptive-bench-{strategy}-{seed}",
         startup_timeout_s=60,

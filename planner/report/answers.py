@@ -18,6 +18,11 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]
     return lines + [""]
 
 
+def _verify_all(sweep: SweepResults) -> bool:
+    saved = (sweep.settings.model_extra or {}).get("sweep") or {}
+    return isinstance(saved, dict) and saved.get("verify_predictions") == "all"
+
+
 def answers_section(sweep: SweepResults | None) -> list[str]:
     if sweep is None or sweep.strategy != "adaptive":
         return []
@@ -26,7 +31,8 @@ def answers_section(sweep: SweepResults | None) -> list[str]:
     out += [
         "The adaptive strategy searched one point per speed class in full, predicted the class's other points from"
         " its law and verified those that could win; points that could not beat the best confirmed answer were not"
-        " searched (docs/guides/adaptive-sweep.md).",
+        " searched (docs/guides/adaptive-sweep.md)."
+        + (" Every prediction was verified ([sweep] verify_predictions = \"all\")." if _verify_all(sweep) else ""),
         "",
     ]
     rows = []
@@ -46,7 +52,12 @@ def answers_section(sweep: SweepResults | None) -> list[str]:
             f"### Class {info.id} ({info.label}): law from `{law.from_point}`",
             "",
             f"Passes up to {law.max_passing}, fails from {top}; fitted knee"
-            f" {'-' if law.knee is None else f'{law.knee:g}'}.",
+            f" {'-' if law.knee is None else f'{law.knee:g}'}."
+            + (
+                f" Its KV pool stopped it at {law.kv_knee_fraction[0]:.2f}-{law.kv_knee_fraction[1]:.2f} of its"
+                " ceiling: each point's KV knee is that share of its own."
+                if law.kv_knee_fraction else ""
+            ),
             "",
         ]
         for rule, fitted in law.fitted.items():

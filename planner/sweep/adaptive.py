@@ -37,7 +37,7 @@ from planner.sweep.config import SweepSettings
 from planner.sweep.duration import mean_request_tokens
 from planner.sweep.executor import Executor, SweepContext, Todo
 from planner.sweep.grid import Point
-from planner.sweep.laws import fit_law, predict, queueing_seen, safe_per_gpu
+from planner.sweep.laws import fit_law, predict, safe_per_gpu, waiting_allowed
 from planner.sweep.results import AdaptiveSummary, ClassLaw, Dominance, PointPlan, PointResult, SpeedClassInfo, SweepResults
 from planner.vllm_args import fixed_flags
 from replay.corpus.jsonl import Corpus
@@ -154,7 +154,8 @@ class AdaptivePlanner:
         self.laws: dict[str, ClassLaw] = {}
         self.headroom = settings.slo.headroom
         self.slo = settings.slo.rules()
-        self._max_num_seqs_by_id = {p.id: self._max_num_seqs(p) for p in grid}
+        # The law reads a failure above a point's max_num_seqs as possibly queueing (laws.fit_law).
+        self._max_num_seqs_by_id = {p.id: max_num_seqs_of(p, settings) for p in grid}
         for r in results:
             self.learn(r)
 
@@ -167,7 +168,10 @@ class AdaptivePlanner:
             return
         if self.settings.replay.confirm_knee and not result.confirmed:
             return
-        new = fit_law(result, self.slo, cls.id, max_num_seqs=self._max_num_seqs_by_id.get(result.id))
+        new = fit_law(
+            result, self.slo, cls.id, max_num_seqs=self._max_num_seqs_by_id.get(result.id),
+            max_concurrency=self.settings.replay.max_concurrency,
+        )
         old = self.laws.get(cls.id)
         if old is None or (old.max_passing is None and new.max_passing is not None) or (
             old.min_failing is None and new.min_failing is not None
@@ -190,7 +194,7 @@ class AdaptivePlanner:
             )
             return True
         law = self.laws.get(self.classes[point.id].id)
-        if law is None:
+        if law is None or self.queues_beyond_law(point):
             return False
         prediction = predict(law, kv_ceiling=None, max_num_seqs=self._max_num_seqs(point), max_concurrency=cap)
         if prediction is None:
@@ -216,7 +220,7 @@ class AdaptivePlanner:
         return PointPlan(
             beat_safe_concurrency_per_gpu=None if best is None else best.safe_concurrency_per_gpu,
             beat_by=None if best is None else best.id,
-            law=self.laws.get(cls),
+            law=None if self.queues_beyond_law(point) else self.laws.get(cls),
             speed_class=cls,
             max_num_seqs=self._max_num_seqs(point),
             max_concurrency=self.settings.replay.max_concurrency,
@@ -228,8 +232,21 @@ class AdaptivePlanner:
         return self.settings.sweep.verify_predictions == "all"
 
     def _max_num_seqs(self, point: Point) -> int | None:
-        # It caps what passes only when the SLOs see the requests that wait for a slot.
-        return max_num_seqs_of(point, self.settings) if queueing_seen(self.slo) else None
+        # It caps what passes only when the SLOs bound the requests that wait for a slot.
+        waiting = waiting_allowed(self.slo)
+        seqs = max_num_seqs_of(point, self.settings)
+        return None if waiting is None or seqs is None else seqs + math.floor(waiting)
+
+    def queues_beyond_law(self, point: Point) -> bool:
+        """Whether the point's requests would queue where its class's law passes: its max_num_seqs
+        is below the law's highest pass and the SLOs do not bound waiting. The law, measured
+        without a queue, does not describe such a point, so it is searched in full."""
+        law = self.laws.get(self.classes[point.id].id)
+        seqs = max_num_seqs_of(point, self.settings)
+        return (
+            law is not None and law.max_passing is not None and seqs is not None
+            and waiting_allowed(self.slo) is None and seqs < law.max_passing
+        )  # fmt: skip
 
 
 async def run_adaptive(

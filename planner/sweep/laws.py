@@ -8,9 +8,18 @@ the crossing of 1. Its interval is what that search measured: the knee lies in
 the class passes up to max_passing and fails from min_failing on, unless something of its own
 caps it lower. A point's prediction is then
 
-    min(latency knee, the point's KV ceiling, max_num_seqs, [replay] max_concurrency)
+    min(latency knee, the point's KV knee, max_num_seqs + max_waiting, [replay] max_concurrency)
 
-with the interval carried through the same min. Pure functions; planner.sweep.adaptive acts on them.
+with the interval carried through the same min. max_num_seqs caps it only under a `max_waiting`
+rule (`waiting_allowed`); without one, a point whose max_num_seqs is below where the law passes
+queues requests the law never measured, and planner.sweep.adaptive searches it in full. Pure functions; planner.sweep.adaptive acts on them.
+
+A point's KV ceiling is the pool over the corpus's blocks: the load at which its requests would
+fill every block. The KV rules (kv_cache_usage_max, max_preemptions) break below it, as requests'
+lengths vary around the mean. Where the searched point's lowest failure was its pool's, the law
+keeps where that happened as a share of its ceiling (`kv_knee_fraction`), and a point's KV knee is
+that share of its own ceiling, rounded down. On vLLM's CPU build the 32M pool stopped at 47 of 59
+(0.80); the 16M pool, searched in full, at 23 of 29 (0.79), where its ceiling alone said 29.
 """
 
 from __future__ import annotations
@@ -28,7 +37,13 @@ from replay.search.verdicts import concurrency_history
 _LATENCY_RULE = re.compile(r"^(server_)?(ttft|itl|tpot|e2e)_(mean|p50|p90|p95|p99|max)_ms$")
 
 
-def fit_law(result: PointResult, slo: dict[str, float], speed_class: str, *, max_num_seqs: int | None) -> ClassLaw:
+MEMORY_RULES = ("kv_cache_usage_max", "max_preemptions")
+
+
+def fit_law(
+    result: PointResult, slo: dict[str, float], speed_class: str, *, max_num_seqs: int | None,
+    max_concurrency: int | None = None,
+) -> ClassLaw:
     """The law of `speed_class` from a searched point's steps. Its passes hold for the class; its
     lowest failure only when it is the class's: a latency rule broke, with every request running
     (at or below the point's `max_num_seqs`, when the SLOs see queueing). A failure on errors,
@@ -37,9 +52,14 @@ def fit_law(result: PointResult, slo: dict[str, float], speed_class: str, *, max
     probes = [p for p in concurrency_history(result.steps, slo) if p.informative]
     b = bracket(probes)
     min_failing = b.min_failing
+    kv_fraction = None
     if min_failing is not None:
         broke = _violations_at(result, min_failing)
         queued = max_num_seqs is not None and queueing_seen(slo) and min_failing > max_num_seqs
+        ceiling = result.search_upper_bound
+        pool_set_it = ceiling is not None and (max_concurrency is None or ceiling < max_concurrency)
+        if not queued and pool_set_it and b.max_passing is not None and any(r in MEMORY_RULES for r in broke):
+            kv_fraction = [round(b.max_passing / ceiling, 4), round((min_failing - 1) / ceiling, 4)]
         if queued or not broke or not all(_LATENCY_RULE.match(rule) for rule in broke):
             min_failing = None
     measured: dict[str, list[list[float]]] = {}
@@ -70,6 +90,7 @@ def fit_law(result: PointResult, slo: dict[str, float], speed_class: str, *, max
         measured=measured,
         fitted=fitted,
         crossings=crossings,
+        kv_knee_fraction=kv_fraction,
     )
 
 
@@ -96,18 +117,28 @@ def predict(
         return None
     lo = law.max_passing
     hi = None if law.min_failing is None else law.min_failing - 1
+    kv_name, kv_lo, kv_hi = "kv_pool", kv_ceiling, kv_ceiling
+    if kv_ceiling is not None and law.kv_knee_fraction is not None:
+        # Its pool fills to the KV rules at the share of its ceiling where the law's point's did.
+        f_lo, f_hi = law.kv_knee_fraction
+        kv_name, kv_lo, kv_hi = "kv_knee", math.floor(f_lo * kv_ceiling), min(kv_ceiling, math.floor(f_hi * kv_ceiling))
+    # Each cap as [its value, the highest it can be].
     caps = {
-        name: value
-        for name, value in (("kv_pool", kv_ceiling), ("max_num_seqs", max_num_seqs), ("max_concurrency", max_concurrency))
-        if value is not None
+        name: (low, high)
+        for name, low, high in (
+            (kv_name, kv_lo, kv_hi), ("max_num_seqs", max_num_seqs, max_num_seqs),
+            ("max_concurrency", max_concurrency, max_concurrency),
+        )
+        if low is not None
     }
-    cap_name, cap = min(caps.items(), key=lambda kv: kv[1]) if caps else (None, None)
+    cap_name, (cap, _) = min(caps.items(), key=lambda kv: kv[1][0]) if caps else (None, (None, None))
     if hi is None and (cap is None or cap > lo):
         return None
+    # The law says nothing above its pass when it measured no failure of its own.
+    top = min([lo if hi is None else hi] + [high for _, high in caps.values()])
     if cap is not None and cap <= lo:
         # The point's own cap is below where the law still passes: the cap is its answer.
-        return _prediction(law, cap, [cap, cap], cap_name, kv_ceiling is not None)
-    top = hi if cap is None else min(hi, cap)
+        return _prediction(law, cap, [cap, max(cap, top)], cap_name, kv_ceiling is not None)
     return _prediction(law, lo, [lo, top], "latency", kv_ceiling is not None)
 
 
@@ -120,6 +151,15 @@ def _prediction(law: ClassLaw, concurrency: int, interval: list[int | None], lim
         law_from=law.from_point,
         kv_pool_read=read,
     )
+
+
+def waiting_allowed(slo: dict[str, float]) -> float | None:
+    """How many requests may wait for a slot under the SLOs (`max_waiting`), None when they do not
+    bound it. Only such a bound makes max_num_seqs a cap on what passes: max_num_seqs + that many
+    in flight. A TTFT or end-to-end rule sees waiting but tolerates it up to its bound: on vLLM's
+    CPU build, under the CPU demo's TTFT p90 of 8 s, the 32M pool at max_num_seqs 16 passed 44
+    requests in flight, where the law from max_num_seqs 64 passed 47."""
+    return slo.get("max_waiting")
 
 
 def queueing_seen(slo: dict[str, float]) -> bool:

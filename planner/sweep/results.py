@@ -117,6 +117,12 @@ class ClassLaw(ResultModel):
     fitted: dict[str, list[list[float]]] = Field(default_factory=dict)
     # Per latency rule: where its fit crosses 1 (None: it holds everywhere measured).
     crossings: dict[str, float | None] = Field(default_factory=dict)
+    # Where the searched point's KV pool stopped it, as a share of its KV ceiling: [max_passing,
+    # lowest failure - 1] / ceiling, when that failure broke a memory rule (kv_cache_usage_max,
+    # max_preemptions) under a ceiling the KV pool set. A point of the class with another pool
+    # fills it to the same rules at the same share of its own ceiling (same corpus, same rules):
+    # its KV knee. None: the search did not meet its pool, or the file predates it.
+    kv_knee_fraction: list[float] | None = None
 
 
 class KneePrediction(ResultModel):
@@ -127,7 +133,9 @@ class KneePrediction(ResultModel):
     concurrency: int
     # [lowest, highest] the max passing concurrency can be under the law (highest None: unbounded).
     interval: list[int | None]
-    # What sets `concurrency`: "latency" (the law), "kv_pool", "max_num_seqs" or "max_concurrency".
+    # What sets `concurrency`: "latency" (the law), "kv_knee" (the point's KV ceiling times the law's
+    # kv_knee_fraction), "kv_pool" (its ceiling, without that fraction), "max_num_seqs" or
+    # "max_concurrency".
     limit: str
     # The class whose law made the prediction.
     speed_class: str

@@ -4,7 +4,7 @@ The fake's law (tests/fakes/fake_vllm.py): ITL = 20 ms x (1 + g x running), g = 
 max_num_batched_tokens / 2048. Under tpot_p50_ms = 75 the latency knee is 5 for 2048 tokens a
 step and 2 for 4096: two speed classes. Each has a 4 MiB pool (about 127 requests of one block)
 and a 128 KiB one (4 blocks: 4 requests), at max_num_seqs 64 and 3 (above 3 requests wait for a
-slot, which ttft_max_ms sees). The law's best: 2048 tokens, 4 MiB, 64 seqs: knee 5, safe
+slot, which max_waiting = 0 forbids, so max_num_seqs caps what passes). The law's best: 2048 tokens, 4 MiB, 64 seqs: knee 5, safe
 floor(5 x 0.8) = 4 per GPU; every other point is below it.
 """
 
@@ -28,7 +28,7 @@ def write_config(tmp_path: Path, strategy: str, *, tokens: tuple[int, ...] = (20
         grid={"max_model_len": [128]},
         extra={"max_num_batched_tokens": list(tokens), "kv_cache_memory_bytes": ["4M", "128K"], "max_num_seqs": [64, 3]},
         replay={"start_concurrency": 4, "min_requests": 20, "max_window_s": 60, "request_timeout_s": 30},
-        slo={"tpot_p50_ms": 75, "ttft_max_ms": 150, "error_rate": 0, "headroom": 0.2},
+        slo={"tpot_p50_ms": 75, "ttft_max_ms": 150, "max_waiting": 0, "error_rate": 0, "headroom": 0.2},
         more={"sweep": {"strategy": strategy, **sweep_keys}},
     )
 

@@ -25,9 +25,9 @@ from replay.run.runner import SearchOutcome
 SLO = {"tpot_p50_ms": 100.0, "ttft_p99_ms": 500.0, "max_preemptions": 0.0}
 
 
-def settings(**sweep) -> SweepSettings:
+def settings(slo: dict[str, float] | None = None, **sweep) -> SweepSettings:
     grid = sweep.pop("grid", {})
-    return SweepSettings(server={"model": "m"}, grid=grid, sweep=sweep, slo={**SLO, "headroom": 0.2})
+    return SweepSettings(server={"model": "m"}, grid=grid, sweep=sweep, slo={**SLO, **(slo or {}), "headroom": 0.2})
 
 
 def step(c: int, verdict: str, tpot_ms: float = 50.0, violations: tuple[str, ...] = ()) -> StepResult:
@@ -174,6 +174,27 @@ def test_a_failure_of_memory_or_of_waiting_is_not_the_classes():
     assert fit_law(searched(), SLO, "c1", max_num_seqs=30).min_failing == 30
 
 
+def test_a_law_whose_search_met_its_kv_pool_predicts_each_pools_knee_as_the_same_share():
+    # vLLM's CPU build, 32M pool x 64 seqs: ceiling 59, passed 47, failed 49 on its pool's rules.
+    kv = ("max_preemptions", "kv_cache_usage_max")
+    steps = [step(59, "fail", 60, kv), step(42, "pass"), step(49, "fail", 55, kv), step(47, "pass"), step(47, "pass")]
+    law = fit_law(searched(steps=steps).model_copy(update={"search_upper_bound": 59}), SLO, "c1", max_num_seqs=64)
+    assert law.min_failing is None and law.kv_knee_fraction == [round(47 / 59, 4), round(48 / 59, 4)]
+    # The 16M pool (ceiling 29) measured 23 in a full search; its ceiling alone said 29.
+    p = predict(law, kv_ceiling=29, max_num_seqs=64, max_concurrency=None)
+    assert (p.concurrency, p.interval, p.limit) == (23, [23, 23], "kv_knee")
+    assert predict(law, kv_ceiling=14, max_num_seqs=64, max_concurrency=None).concurrency == 11
+    # A lower cap still wins; a larger pool than the law's is above what the law knows.
+    assert predict(law, kv_ceiling=29, max_num_seqs=16, max_concurrency=None).limit == "max_num_seqs"
+    assert predict(law, kv_ceiling=120, max_num_seqs=None, max_concurrency=None) is None
+    # A ceiling [replay] max_concurrency set, or a failure that may be queueing, is not the pool's.
+    capped = searched(steps=steps).model_copy(update={"search_upper_bound": 59})
+    assert fit_law(capped, SLO, "c1", max_num_seqs=None, max_concurrency=59).kv_knee_fraction is None
+    assert fit_law(capped, SLO, "c1", max_num_seqs=48).kv_knee_fraction is None
+    # A latency failure says nothing of the pool.
+    assert fit_law(searched().model_copy(update={"search_upper_bound": 59}), SLO, "c1", max_num_seqs=None).kv_knee_fraction is None
+
+
 def test_predictions_take_the_lowest_cap_and_carry_the_interval():
     law = ClassLaw(speed_class="c1", from_point="01", max_passing=28, min_failing=31, knee=29.5)
     p = predict(law, kv_ceiling=None, max_num_seqs=None, max_concurrency=None)
@@ -189,7 +210,8 @@ def test_predictions_take_the_lowest_cap_and_carry_the_interval():
 
 
 def test_a_point_whose_prediction_cannot_beat_the_best_is_predicted_without_a_launch():
-    s = settings(grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}})
+    # max_waiting = 0: no request may wait for a slot, so max_num_seqs caps what passes.
+    s = settings({"max_waiting": 0}, grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}})
     points = expand(s)
     classes = class_of(points, s.sweep.memory_only_flags)
     first = searched(points[0].id)
@@ -211,8 +233,30 @@ def test_a_point_whose_prediction_cannot_beat_the_best_is_predicted_without_a_la
     assert plan.law.from_point == first.id and plan.beat_safe_concurrency_per_gpu == 22.0 and plan.max_num_seqs == 64
 
 
+def test_without_a_bound_on_waiting_a_point_that_would_queue_where_the_law_passes_is_searched_in_full():
+    # TTFT p99 500 ms sees requests waiting for a slot but tolerates some: on vLLM's CPU build the
+    # max_num_seqs 16 point passed 44 in flight. max_num_seqs 8 is below the law's pass (28), so
+    # the law (measured without a queue) says nothing of it: launched, and searched in full.
+    s = settings(grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}})
+    points = expand(s)
+    classes = class_of(points, s.sweep.memory_only_flags)
+    first = searched(points[0].id)
+    planner = AdaptivePlanner(s, classes, points, [first])
+    best = best_confirmed([first], confirm=True)
+    capped = result(points[2].id)
+    assert planner.queues_beyond_law(points[2]) and not planner.queues_beyond_law(points[1])
+    assert not planner.settle_before_launch(points[2], capped, best) and capped.status == "pending"
+    plan = planner.plan(points[2], best)
+    assert plan.law is None and plan.max_num_seqs is None
+    # Its twin with 64 seqs is predicted as before, max_num_seqs not a cap.
+    assert planner.plan(points[1], best).law.from_point == first.id
+
+
 def test_verify_predictions_all_launches_every_point_and_verifies_each_prediction(tmp_path):
-    s = settings(grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}}, verify_predictions="all")
+    s = settings(
+        {"max_waiting": 0}, grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}},
+        verify_predictions="all",
+    )
     points = expand(s)
     classes = class_of(points, s.sweep.memory_only_flags)
     first = searched(points[0].id)
@@ -416,8 +460,9 @@ def test_on_random_grids_adaptive_recommends_the_laws_best_and_never_searches_a_
     tokens = [512, 1024, 2048, 4096][: rng.randint(2, 4)]
     pools = ["64M", "8M", "2M", "512K"][: rng.randint(2, 4)]
     seqs = rng.sample([512, 256, 32, 8], rng.randint(1, 3))
-    s = settings(grid={"tensor_parallel_size": rng.choice([[1], [1, 2]]),
-                       "extra": {"max_num_batched_tokens": tokens, "kv_cache_memory_bytes": pools, "max_num_seqs": seqs}})
+    # The law's max_num_seqs is an exact cap: no request may wait for a slot (max_waiting = 0).
+    s = settings({"max_waiting": 0}, grid={"tensor_parallel_size": rng.choice([[1], [1, 2]]),
+                 "extra": {"max_num_batched_tokens": tokens, "kv_cache_memory_bytes": pools, "max_num_seqs": seqs}})
     points = expand(s)
     knees = {t: rng.randint(2, 300) for t in tokens}
     ceilings = {p: rng.randint(1, 400) for p in pools}
