@@ -209,15 +209,20 @@ def test_predictions_take_the_lowest_cap_and_carry_the_interval():
     assert predict(open_law, kv_ceiling=20, max_num_seqs=None, max_concurrency=None).interval == [20, 20]
 
 
+def one_class(slo: dict[str, float] | None = None, **sweep):
+    """A one-class grid (max_num_seqs {64, 8} x pools {8M, 4M}) whose first point was searched:
+    (points, planner, the searched point, the best confirmed)."""
+    s = settings(slo, grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}}, **sweep)
+    points = expand(s)
+    first = searched(points[0].id)
+    planner = AdaptivePlanner(s, class_of(points, s.sweep.memory_only_flags), points, [first])
+    return points, planner, first, best_confirmed([first], confirm=True)
+
+
 def test_a_point_whose_prediction_cannot_beat_the_best_is_predicted_without_a_launch():
     # max_waiting = 0: no request may wait for a slot, so max_num_seqs caps what passes.
-    s = settings({"max_waiting": 0}, grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}})
-    points = expand(s)
-    classes = class_of(points, s.sweep.memory_only_flags)
-    first = searched(points[0].id)
-    planner = AdaptivePlanner(s, classes, points, [first])
+    points, planner, first, best = one_class({"max_waiting": 0})
     assert set(planner.laws) == {"c1"}
-    best = best_confirmed([first], confirm=True)
     capped = result(points[2].id)  # max_num_seqs 8: at most floor(8 x 0.8) = 6 safe
     assert planner.settle_before_launch(points[2], capped, best)
     assert capped.status == capped.answer_source == "predicted"
@@ -237,12 +242,7 @@ def test_without_a_bound_on_waiting_a_point_that_would_queue_where_the_law_passe
     # TTFT p99 500 ms sees requests waiting for a slot but tolerates some: on vLLM's CPU build the
     # max_num_seqs 16 point passed 44 in flight. max_num_seqs 8 is below the law's pass (28), so
     # the law (measured without a queue) says nothing of it: launched, and searched in full.
-    s = settings(grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}})
-    points = expand(s)
-    classes = class_of(points, s.sweep.memory_only_flags)
-    first = searched(points[0].id)
-    planner = AdaptivePlanner(s, classes, points, [first])
-    best = best_confirmed([first], confirm=True)
+    points, planner, first, best = one_class()
     capped = result(points[2].id)
     assert planner.queues_beyond_law(points[2]) and not planner.queues_beyond_law(points[1])
     assert not planner.settle_before_launch(points[2], capped, best) and capped.status == "pending"
@@ -253,15 +253,7 @@ def test_without_a_bound_on_waiting_a_point_that_would_queue_where_the_law_passe
 
 
 def test_verify_predictions_all_launches_every_point_and_verifies_each_prediction(tmp_path):
-    s = settings(
-        {"max_waiting": 0}, grid={"extra": {"max_num_seqs": [64, 8], "kv_cache_memory_bytes": ["8M", "4M"]}},
-        verify_predictions="all",
-    )
-    points = expand(s)
-    classes = class_of(points, s.sweep.memory_only_flags)
-    first = searched(points[0].id)
-    planner = AdaptivePlanner(s, classes, points, [first])
-    best = best_confirmed([first], confirm=True)
+    points, planner, first, best = one_class({"max_waiting": 0}, verify_predictions="all")
     # The max_num_seqs 8 twin cannot win, yet it runs, with the law to verify.
     capped = result(points[2].id)
     assert not planner.settle_before_launch(points[2], capped, best) and capped.status == "pending"
