@@ -19,7 +19,8 @@ a Wilson 95% interval on the pooled weight.
   preemption rate pooled over the steps at and above the load that broke it. A step passes that
   rule when no preemption came in its first `EXPOSURE_REQUESTS` measured requests, a trial that
   passes with probability exp(-EXPOSURE_REQUESTS x rate). Where that probability's interval
-  reaches below the level, the knee may rest on single preemptions, and the report says so.
+  reaches below the level, the report says so: the preemptions cap the knee (the interval wholly
+  below the level), or the knee may rest on one chance preemption (across it).
 """
 
 from __future__ import annotations
@@ -192,14 +193,16 @@ def rare_event_margin(steps: Sequence[StepResult], slo: Mapping[str, float], ans
     """The strict `max_preemptions = 0` rule where it capped the answer and the point's preemptions
     leave it unsure: "max_preemptions = 0 capped the knee at 28: 29 broke it; from 29 up, 1
     preemption in 142 requests over 3 steps: a 100-request step passes it with probability 0.49
-    (95%: 0.02-0.98), against the 0.9 the answer is read at: the knee may rest on single
-    preemptions"; empty otherwise.
+    (95%: 0.02-0.98), against the 0.9 the answer is read at: the steps cannot tell the rule from
+    one chance preemption, and the knee may rest on one"; empty otherwise.
 
     It applies when a step at the lowest load above the answer that did not pass broke that rule.
     Preemptions do not get rarer as load rises, so the steps at and above that load bound its rate
     from above; their preemptions per measured request (with an exact Poisson interval) give the
     probability that a step passes the rule there. When that interval reaches below the level,
-    the steps cannot tell a knee capped by the rule from one capped by a single preemption."""
+    the line is written: wholly below, the preemptions cap the knee (on vLLM, a pool that fills);
+    across the level, the steps cannot tell a knee capped by the rule from one capped by a single
+    preemption."""
     if answer is None or slo.get("max_preemptions") != 0:
         return []
     informative = [
@@ -235,5 +238,9 @@ def rare_event_margin(steps: Sequence[StepResult], slo: Mapping[str, float], ans
         f"max_preemptions = 0 capped the knee at {answer}: {capped} broke it; from {capped} up, {seen:g}"
         f" preemption{'' if seen == 1 else 's'} in {n} requests over {len(counted)} step{'' if len(counted) == 1 else 's'}:"
         f" a {EXPOSURE_REQUESTS}-request step passes it with probability {p:.2f} (95%: {p_lo:.2f}-{p_hi:.2f}),"
-        f" against the {level:g} the answer is read at: the knee may rest on single preemptions"
+        f" against the {level:g} the answer is read at: "
+        + (
+            "the preemptions there cap the knee" if p_hi < level
+            else "the steps cannot tell the rule from one chance preemption, and the knee may rest on one"
+        )
     ]
