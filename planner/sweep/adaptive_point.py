@@ -41,16 +41,10 @@ def settled_by_bound(result: PointResult, upper: int, *, gpus: int, headroom: fl
     if plan is None:
         return False
     beat, by = plan.beat_safe_concurrency_per_gpu, plan.beat_by or "-"
-    if plan.verify_all:
-        # [sweep] verify_predictions = "all": never settled unsearched; the law's prediction, with
-        # the real ceiling, is what the steps verify.
-        if plan.law is not None:
-            result.knee_prediction = predict(
-                plan.law, kv_ceiling=upper, max_num_seqs=plan.max_num_seqs, max_concurrency=plan.max_concurrency
-            )
-        return False
+    # [sweep] verify_predictions = "all": never settled unsearched; the law's prediction, with the
+    # real ceiling, is what the steps verify.
     ceiling_safe = safe_per_gpu(upper, headroom, gpus) or 0.0
-    if beat is not None and ceiling_safe <= beat:
+    if not plan.verify_all and beat is not None and ceiling_safe <= beat:
         mark_dominated(
             result, Dominance(
                 by=by, by_safe_concurrency_per_gpu=beat, bound=upper, bound_source="server_kv_pool",
@@ -62,7 +56,7 @@ def settled_by_bound(result: PointResult, upper: int, *, gpus: int, headroom: fl
         return False
     prediction = predict(plan.law, kv_ceiling=upper, max_num_seqs=plan.max_num_seqs, max_concurrency=plan.max_concurrency)
     result.knee_prediction = prediction
-    if prediction is None or beat is None:
+    if plan.verify_all or prediction is None or beat is None:
         return False
     top = prediction.interval[1]
     top_safe = safe_per_gpu(top, headroom, gpus) if top is not None else None

@@ -61,18 +61,16 @@ def wilson(p: float, n: float) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def informative(steps: Sequence[StepResult]) -> list[StepResult]:
+    """The closed-loop steps that carry information, in order: unresolved and disturbed steps
+    (replay.step.environment) carry none."""
+    return [s for s in steps if s.load.mode == "concurrency" and s.slo_verdict != "unresolved" and not s.disturbed]
+
+
 def trials(steps: Sequence[StepResult]) -> list[tuple[int, str]]:
     """(concurrency, verdict) of every informative closed-loop step, in order; a step without a
     verdict (an older file) counts by slo_pass."""
-    out = []
-    for s in steps:
-        if s.load.mode != "concurrency":
-            continue
-        verdict = s.slo_verdict or ("pass" if s.slo_pass else "fail")
-        # Unresolved and disturbed steps (replay.step.environment) carry no information.
-        if verdict != "unresolved" and not s.disturbed:
-            out.append((int(s.load.value), verdict))
-    return out
+    return [(int(s.load.value), s.slo_verdict or ("pass" if s.slo_pass else "fail")) for s in informative(steps)]
 
 
 def level_of(level: float | None) -> float:
@@ -159,9 +157,7 @@ def little_margin(steps: Sequence[StepResult], slo: Mapping[str, float]) -> list
     highest measured: "tpot_p90_ms 27-30 against 30 from 45 up (4 loads): little margin". The
     figure per load is the median over its steps (replay.slo.rules.ratios: measured / bound)."""
     by_rule: dict[str, dict[int, list[float]]] = {}
-    for s in steps:
-        if s.load.mode != "concurrency" or s.slo_verdict == "unresolved" or s.disturbed:
-            continue
+    for s in informative(steps):
         for rule, ratio in slo_mod.ratios(s, slo).items():
             by_rule.setdefault(rule, {}).setdefault(int(s.load.value), []).append(ratio)
     out = []
@@ -205,23 +201,20 @@ def rare_event_margin(steps: Sequence[StepResult], slo: Mapping[str, float], ans
     preemption."""
     if answer is None or slo.get("max_preemptions") != 0:
         return []
-    informative = [
-        s for s in steps
-        if s.load.mode == "concurrency" and not s.disturbed and s.slo_verdict != "unresolved"
-    ]  # fmt: skip
-    above = sorted({int(s.load.value) for s in informative if int(s.load.value) > answer and not s.slo_pass})
+    measured = informative(steps)
+    above = sorted({int(s.load.value) for s in measured if int(s.load.value) > answer and not s.slo_pass})
     if not above:
         return []
     capped = above[0]
     broke = [
-        s for s in informative
+        s for s in measured
         if int(s.load.value) == capped and not s.slo_pass
         and (s.slo_verdicts.get("max_preemptions") == "fail" or "max_preemptions" in s.slo_violations)
     ]  # fmt: skip
     if not broke:
         return []
     counted = [
-        s for s in informative
+        s for s in measured
         if int(s.load.value) >= capped and s.server.preemptions is not None and s.requests_ok + s.requests_failed > 0
     ]  # fmt: skip
     seen = sum(s.server.preemptions for s in counted)

@@ -38,6 +38,15 @@ def _replay() -> ReplayResults:
     return ReplayResults.model_validate_json((FIXTURES / "replay" / "replay.json").read_text())
 
 
+def _reported(tmp_path: Path, replay: ReplayResults) -> Path:
+    """`replay` written as replay.json into tmp_path/r and its report rendered there."""
+    out = tmp_path / "r"
+    out.mkdir(exist_ok=True)
+    (out / "replay.json").write_text(replay.model_dump_json())
+    write_report(out)
+    return out
+
+
 def _section(text: str, title: str) -> str:
     start = text.index(f"## {title}\n")
     end = text.find("\n## ", start + 1)
@@ -276,10 +285,7 @@ def test_intervals_verdicts_and_the_knee_in_the_report(tmp_path: Path) -> None:
     at_22.slo_verdict = "inconclusive"
     at_22.slo_violations = ["ttft_p99_ms"]
     replay.confirmed, replay.knee_interval = True, [20, 24]
-    out = tmp_path / "r"
-    out.mkdir()
-    (out / "replay.json").write_text(replay.model_dump_json())
-    write_report(out)
+    out = _reported(tmp_path, replay)
     report = (out / "report.md").read_text()
     rec = _section(report, "Recommendation")
     assert "- Knee: between 20 (highest conclusive pass) and 24 (lowest conclusive fail)" in rec
@@ -305,10 +311,7 @@ def test_a_lowest_fail_that_also_passed_is_said_so_and_the_band_is_shown(tmp_pat
     lucky.slo_pass, lucky.slo_verdict = True, "pass"
     replay.steps.append(lucky)
     replay.confirmed, replay.knee_interval = True, [20, 24]
-    out = tmp_path / "r"
-    out.mkdir()
-    (out / "replay.json").write_text(replay.model_dump_json())
-    write_report(out)
+    out = _reported(tmp_path, replay)
     rec = _section((out / "report.md").read_text(), "Recommendation")
     assert "24 (lowest conclusive fail, though it also passed 1 of 2)" in rec
     assert "- From every step: knee " in rec and "24 passed 1 of 2" in rec and "passed and failed at 24" in rec
@@ -325,17 +328,12 @@ def test_a_knee_capped_by_a_single_preemption_is_said_so(tmp_path: Path) -> None
     # on one preemption in 127 requests: the knee may rest on it, and the report says so.
     at_21 = next(s for s in replay.steps if s.load.value == 21)
     at_21.slo_violations, at_21.slo_verdicts, at_21.server.preemptions = ["max_preemptions"], {"max_preemptions": "fail"}, 1.0
-    out = tmp_path / "r"
-    out.mkdir()
-    (out / "replay.json").write_text(replay.model_dump_json())
-    write_report(out)
+    out = _reported(tmp_path, replay)
     rec = _section((out / "report.md").read_text(), "Recommendation")
     assert "- max_preemptions = 0 capped the knee at 20: 21 broke it; from 21 up, 1 preemption in 498 requests over 4 steps:" in rec
     assert "probability 0.82 (95%: 0.33-0.99), against the 0.9 the answer is read at" in rec
     at_21.slo_violations, at_21.slo_verdicts = ["itl_p99_ms"], {"itl_p99_ms": "fail"}
-    (out / "replay.json").write_text(replay.model_dump_json())
-    write_report(out)
-    assert "capped the knee" not in (out / "report.md").read_text()
+    assert "capped the knee" not in (_reported(tmp_path, replay) / "report.md").read_text()
 
 
 def test_a_bracket_ending_at_an_inconclusive_step_is_not_called_violated(tmp_path: Path) -> None:
@@ -346,10 +344,7 @@ def test_a_bracket_ending_at_an_inconclusive_step_is_not_called_violated(tmp_pat
     at_21 = next(s for s in replay.steps if s.load.value == 21)
     at_21.slo_verdict = "inconclusive"
     replay.binding_constraint, replay.binding_undecided = None, ["itl_p99_ms"]
-    out = tmp_path / "r"
-    out.mkdir()
-    (out / "replay.json").write_text(replay.model_dump_json())
-    write_report(out)
+    out = _reported(tmp_path, replay)
     rec = _section((out / "report.md").read_text(), "Recommendation")
     assert "first violated" not in rec
     assert "lowest step that did not pass: concurrency 21 (inconclusive, nothing violated conclusively)" in rec
