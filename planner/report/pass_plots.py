@@ -38,7 +38,7 @@ def pass_plot(p: PointView, slo: Mapping[str, float], path: Path, title: str) ->
     fitted = p.fit
     if not fitted.points:
         return None
-    fig = Figure(figsize=(9.0, 7.6), layout="constrained")
+    fig = Figure(figsize=(11.5, 7.6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[1, 1.2])
 
     loads = [q.concurrency for q in fitted.points]
@@ -72,7 +72,8 @@ def pass_plot(p: PointView, slo: Mapping[str, float], path: Path, title: str) ->
     top.set_ylabel("pass probability", fontsize=10)
     top.set_title(title, fontsize=12)
     top.grid(True, alpha=0.3)
-    top.legend(fontsize=8, loc="lower left")
+    # Beside the axes, not on them: inside, a legend covered the steps near the answer.
+    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
     _ratio_panel(bottom, p, slo)
     bottom.set_xlabel("concurrency (requests in flight)", fontsize=10)
@@ -111,4 +112,4 @@ def _ratio_panel(ax, p: PointView, slo: Mapping[str, float]) -> None:
     ax.scatter([], [], color="#444444", marker="x", s=40, label="a failed step")
     ax.set_ylabel("measured / SLO bound (95% interval)", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
