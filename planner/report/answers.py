@@ -55,7 +55,11 @@ def answers_section(sweep: SweepResults | None) -> list[str]:
             f" {'-' if law.knee is None else f'{law.knee:g}'}."
             + (
                 f" Its KV pool stopped it at {law.kv_knee_fraction[0]:.2f}-{law.kv_knee_fraction[1]:.2f} of its"
-                " ceiling: each point's KV knee is that share of its own."
+                + (
+                    f" ceiling ({law.kv_knee_ceiling}): each point's KV knee keeps its chance of overflowing"
+                    " (a smaller pool fills at a lower share), up to that share of its own ceiling."
+                    if law.kv_knee_ceiling else " ceiling: each point's KV knee is that share of its own."
+                )
                 if law.kv_knee_fraction else ""
             ),
             "",

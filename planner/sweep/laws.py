@@ -14,12 +14,24 @@ with the interval carried through the same min. max_num_seqs caps it only under 
 rule (`waiting_allowed`); without one, a point whose max_num_seqs is below where the law passes
 queues requests the law never measured, and planner.sweep.adaptive searches it in full. Pure functions; planner.sweep.adaptive acts on them.
 
-A point's KV ceiling is the pool over the corpus's blocks: the load at which its requests would
+A point's KV ceiling C is the pool over the corpus's blocks: the load at which its requests would
 fill every block. The KV rules (kv_cache_usage_max, max_preemptions) break below it, as requests'
 lengths vary around the mean. Where the searched point's lowest failure was its pool's, the law
-keeps where that happened as a share of its ceiling (`kv_knee_fraction`), and a point's KV knee is
-that share of its own ceiling, rounded down. On vLLM's CPU build the 32M pool stopped at 47 of 59
-(0.80); the 16M pool, searched in full, at 23 of 29 (0.79), where its ceiling alone said 29.
+keeps where that happened as a share of its ceiling (`kv_knee_fraction`, with that ceiling C0 as
+`kv_knee_ceiling`), and a point's KV knee comes from two readings of it:
+
+- **the same share**: n = share x C. It holds if the headroom a pool needs grows in proportion to it;
+- **the same overflow chance**: n requests in flight hold n x mean blocks, give or take
+  sqrt(n) x their spread (independent lengths), so a pool fills to the rules where
+  n + k x sqrt(n) = C, with k = (C0 - n0) / sqrt(n0) from the law's point (n0 = share x C0).
+  A smaller pool then fills at a lower share of its ceiling, a larger one at a higher.
+
+The prediction is the second (rounded down, from the law's max passing); its interval reaches up
+to the first, or the second from the law's lowest failure - 1, whichever is higher. (A pool
+larger than the law's is not predicted: the law measured nothing above its pass.) On vLLM's CPU build: the
+32M pool (C0 59) stopped at 47 in one run and 51 in another; the 16M pool (29) at 23 both times,
+the 8M pool (14) at 10 and 9. From 51, the second reading says 23 and 10 (the share 25 and 12);
+from 47, 20 and 8 (the share 23 and 11).
 """
 
 from __future__ import annotations
@@ -91,6 +103,7 @@ def fit_law(
         fitted=fitted,
         crossings=crossings,
         kv_knee_fraction=kv_fraction,
+        kv_knee_ceiling=result.search_upper_bound if kv_fraction is not None else None,
     )
 
 
@@ -119,9 +132,8 @@ def predict(
     hi = None if law.min_failing is None else law.min_failing - 1
     kv_name, kv_lo, kv_hi = "kv_pool", kv_ceiling, kv_ceiling
     if kv_ceiling is not None and law.kv_knee_fraction is not None:
-        # Its pool fills to the KV rules at the share of its ceiling where the law's point's did.
-        f_lo, f_hi = law.kv_knee_fraction
-        kv_name, kv_lo, kv_hi = "kv_knee", math.floor(f_lo * kv_ceiling), min(kv_ceiling, math.floor(f_hi * kv_ceiling))
+        kv_name = "kv_knee"
+        kv_lo, kv_hi = kv_knee(law.kv_knee_fraction, law.kv_knee_ceiling, kv_ceiling)
     # Each cap as [its value, the highest it can be].
     caps = {
         name: (low, high)
@@ -140,6 +152,29 @@ def predict(
         # The point's own cap is below where the law still passes: the cap is its answer.
         return _prediction(law, cap, [cap, max(cap, top)], cap_name, kv_ceiling is not None)
     return _prediction(law, lo, [lo, top], "latency", kv_ceiling is not None)
+
+
+def kv_knee(fraction: list[float], law_ceiling: int | None, ceiling: int) -> tuple[int, int]:
+    """(predicted KV knee, the highest it can be) of a pool whose KV ceiling is `ceiling`, from the
+    law's `kv_knee_fraction` [low, high] at its own ceiling `law_ceiling` (the module docstring):
+    the prediction keeps the law point's chance of overflowing, and the interval reaches the same
+    share of the ceiling. Without `law_ceiling` (older files) the share alone predicts."""
+    f_lo, f_hi = fraction
+    shares = [math.floor(f * ceiling) for f in (f_lo, f_hi)]
+    if not law_ceiling:
+        return shares[0], min(ceiling, shares[1])
+    overflow = [_same_overflow(f, law_ceiling, ceiling) for f in (f_lo, f_hi)]
+    return overflow[0], min(ceiling, max(shares + overflow))
+
+
+def _same_overflow(share: float, law_ceiling: int, ceiling: int) -> int:
+    """The largest n with n + k x sqrt(n) <= ceiling, k = (C0 - n0) / sqrt(n0), n0 = share x C0."""
+    n0 = share * law_ceiling
+    if n0 <= 0:
+        return 0
+    k = max(0.0, law_ceiling - n0) / math.sqrt(n0)
+    root = (-k + math.sqrt(k * k + 4 * ceiling)) / 2
+    return max(0, min(ceiling, math.floor(root * root + 1e-9)))
 
 
 def _prediction(law: ClassLaw, concurrency: int, interval: list[int | None], limit: str | None, read: bool) -> KneePrediction:

@@ -120,9 +120,13 @@ class ClassLaw(ResultModel):
     # Where the searched point's KV pool stopped it, as a share of its KV ceiling: [max_passing,
     # lowest failure - 1] / ceiling, when that failure broke a memory rule (kv_cache_usage_max,
     # max_preemptions) under a ceiling the KV pool set. A point of the class with another pool
-    # fills it to the same rules at the same share of its own ceiling (same corpus, same rules):
-    # its KV knee. None: the search did not meet its pool, or the file predates it.
+    # fills it to the same rules near the same share of its own ceiling (same corpus, same rules):
+    # its KV knee (planner.sweep.laws). None: the search did not meet its pool, or the file predates it.
     kv_knee_fraction: list[float] | None = None
+    # That ceiling (the searched point's search_upper_bound), with kv_knee_fraction: how far below
+    # its ceiling the pool filled, in requests, which scales a smaller pool's knee. None in files
+    # written before it: the share alone then predicts.
+    kv_knee_ceiling: int | None = None
 
 
 class KneePrediction(ResultModel):
@@ -133,9 +137,9 @@ class KneePrediction(ResultModel):
     concurrency: int
     # [lowest, highest] the max passing concurrency can be under the law (highest None: unbounded).
     interval: list[int | None]
-    # What sets `concurrency`: "latency" (the law), "kv_knee" (the point's KV ceiling times the law's
-    # kv_knee_fraction), "kv_pool" (its ceiling, without that fraction), "max_num_seqs" or
-    # "max_concurrency".
+    # What sets `concurrency`: "latency" (the law), "kv_knee" (where the point's pool fills to the KV
+    # rules, from the law's kv_knee_fraction: planner.sweep.laws), "kv_pool" (its ceiling, without
+    # that fraction), "max_num_seqs" or "max_concurrency".
     limit: str
     # The class whose law made the prediction.
     speed_class: str

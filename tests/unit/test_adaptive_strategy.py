@@ -17,7 +17,7 @@ from planner.sweep.adaptive_point import planned_search, settled_by_bound
 from planner.sweep.classes import class_of, speed_classes
 from planner.sweep.config import DEFAULT_MEMORY_ONLY_FLAGS, SweepSettings, load_settings
 from planner.sweep.grid import expand
-from planner.sweep.laws import fit_law, predict, safe_per_gpu
+from planner.sweep.laws import fit_law, kv_knee, predict, safe_per_gpu
 from planner.sweep.results import ClassLaw, PointPlan, PointResult, SweepResults
 from replay.results import ClientSummary, LatencySummary, LoadSpec, ServerSummary, StepResult
 from replay.run.runner import SearchOutcome
@@ -174,16 +174,27 @@ def test_a_failure_of_memory_or_of_waiting_is_not_the_classes():
     assert fit_law(searched(), SLO, "c1", max_num_seqs=30).min_failing == 30
 
 
-def test_a_law_whose_search_met_its_kv_pool_predicts_each_pools_knee_as_the_same_share():
+def test_a_law_whose_search_met_its_kv_pool_predicts_each_pools_knee_at_the_same_overflow_chance():
     # vLLM's CPU build, 32M pool x 64 seqs: ceiling 59, passed 47, failed 49 on its pool's rules.
     kv = ("max_preemptions", "kv_cache_usage_max")
     steps = [step(59, "fail", 60, kv), step(42, "pass"), step(49, "fail", 55, kv), step(47, "pass"), step(47, "pass")]
     law = fit_law(searched(steps=steps).model_copy(update={"search_upper_bound": 59}), SLO, "c1", max_num_seqs=64)
     assert law.min_failing is None and law.kv_knee_fraction == [round(47 / 59, 4), round(48 / 59, 4)]
-    # The 16M pool (ceiling 29) measured 23 in a full search; its ceiling alone said 29.
+    assert law.kv_knee_ceiling == 59
+    # The 16M pool (ceiling 29) measured 23 in two full searches; its ceiling alone said 29. At the
+    # law's overflow chance, 12 requests short of 59 at 47 (1.75 sqrt(47)) is 1.75 sqrt(n) short
+    # of 29: n = 20; the same share (0.80) says 23, the interval's top.
     p = predict(law, kv_ceiling=29, max_num_seqs=64, max_concurrency=None)
-    assert (p.concurrency, p.interval, p.limit) == (23, [23, 23], "kv_knee")
-    assert predict(law, kv_ceiling=14, max_num_seqs=64, max_concurrency=None).concurrency == 11
+    assert (p.concurrency, p.interval, p.limit) == (20, [20, 23], "kv_knee")
+    # The 8M pool (14) measured 10 and 9.
+    assert predict(law, kv_ceiling=14, max_num_seqs=64, max_concurrency=None).interval == [8, 11]
+    # The second run's law point, 51 of 59: 23 (measured 23) and 10 (measured 9).
+    law51 = law.model_copy(update={"kv_knee_fraction": [round(51 / 59, 4), round(52 / 59, 4)]})
+    assert predict(law51, kv_ceiling=29, max_num_seqs=64, max_concurrency=None).interval == [23, 25]
+    assert predict(law51, kv_ceiling=14, max_num_seqs=64, max_concurrency=None).interval == [10, 12]
+    # At the law's own ceiling both readings are the law's; a file without the ceiling keeps the share.
+    assert kv_knee([0.8, 0.8136], 59, 59) == (47, 48)
+    assert predict(law.model_copy(update={"kv_knee_ceiling": None}), kv_ceiling=29, max_num_seqs=64, max_concurrency=None).interval == [23, 23]
     # A lower cap still wins; a larger pool than the law's is above what the law knows.
     assert predict(law, kv_ceiling=29, max_num_seqs=16, max_concurrency=None).limit == "max_num_seqs"
     assert predict(law, kv_ceiling=120, max_num_seqs=None, max_concurrency=None) is None
