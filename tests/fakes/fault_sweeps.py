@@ -64,6 +64,10 @@ headroom = 0.2
 
 [gpus]
 devices = "none"
+
+[sweep]
+# Every point searched: the faults are each point's, and "adaptive" would skip dominated ones.
+strategy = "exhaustive"
 """
     )
     return cfg

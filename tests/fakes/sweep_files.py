@@ -50,6 +50,10 @@ def write_sweep_config(
         "startup_timeout_s": startup_timeout_s,
         "stop_grace_s": 5,
     }
+    # Every point searched, unless a test asks for a strategy: these sweeps test what happens to each
+    # point (faults, resume, placement), which the default "adaptive" strategy would skip as dominated.
+    more = dict(more or {})
+    more["sweep"] = {"strategy": "exhaustive", **more.get("sweep", {})}
     tables = {"server": server, "grid": grid, "grid.extra": extra, "replay": replay or {}, "slo": slo, "gpus": {"devices": "none"}}
     text = f"prompts = {toml_value(str(corpus))}\n\n" + "\n".join(
         toml_table(name, values) for name, values in {**tables, **(more or {})}.items() if values

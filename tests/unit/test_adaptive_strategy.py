@@ -82,9 +82,9 @@ def test_env_axes_and_overridden_lists_name_classes():
     assert only.label() == "every point" and len(only.point_ids) == 2
 
 
-def test_strategy_defaults_to_exhaustive_and_bad_keys_are_named(tmp_path):
+def test_strategy_defaults_to_adaptive_and_bad_keys_are_named(tmp_path):
     s = SweepSettings(server={"model": "m"})
-    assert s.sweep.strategy == "exhaustive" and tuple(s.sweep.memory_only_flags) == DEFAULT_MEMORY_ONLY_FLAGS
+    assert s.sweep.strategy == "adaptive" and tuple(s.sweep.memory_only_flags) == DEFAULT_MEMORY_ONLY_FLAGS
     cfg = tmp_path / "s.toml"
     cfg.write_text('[server]\nmodel = "m"\n[sweep]\nstrategy = "greedy"\n')
     with pytest.raises(ConfigError, match=r"s.toml:4: sweep.strategy: Input should be 'exhaustive' or 'adaptive'"):

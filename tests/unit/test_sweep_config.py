@@ -159,20 +159,28 @@ def test_dry_run_prints_the_grid_and_every_command_without_secrets(tmp_path, cap
     # Each command is followed by the point's expected duration: unknown without a previous run
     # or --request-duration-s.
     assert out[2] == "  expected duration unknown (give --request-duration-s, or run once into this output folder)"
-    # Then the speed classes and each point's class and bound (planner.sweep.dry_run).
-    assert out[9:12] == [
+    # Then the speed classes, the strategy (adaptive by default) and its plan: each point's class and
+    # bound, in launch order (planner.sweep.dry_run).
+    assert out[9:11] == [
         "speed classes: 1 (points that differ only in [sweep] memory_only_flags: gpu_memory_utilization,"
         " kv_cache_memory_bytes, max_model_len, num_gpu_blocks_override, max_num_seqs)",
         "  c1: every point: 4 points",
-        "strategy: exhaustive: every point is searched in full, in grid order ([sweep] strategy)",
     ]
-    assert out[12] == (
-        "  01-mml2048-kv_cache_memory_bytes1M: class c1, upper bound unknown before start-up: read from the server at"
+    assert out[11].startswith("strategy: adaptive: highest bound per GPU first;")
+    assert out[12] == "plan, in launch order:"
+    assert out[13] == (
+        "  02-mml2048-kv_cache_memory_bytes4M: class c1, upper bound unknown before start-up: read from the server at"
         " start-up (give --request-duration-s for the estimate's)"
     )
-    assert out[16] == "expected total: unknown (no point's duration is known; give --request-duration-s)"
-    assert len(out) == 17
+    assert out[17] == "expected total: unknown (no point's duration is known; give --request-duration-s)"
+    assert len(out) == 18
     assert "s3cret" not in "\n".join(out)
+    # Exhaustive: every point, in grid order.
+    assert main(["sweep", "--config", str(write(tmp_path, BASE + '\n[sweep]\nstrategy = "exhaustive"\n')), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[11] == "strategy: exhaustive: every point is searched in full, in grid order ([sweep] strategy)"
+    assert out[12].startswith("  01-mml2048-kv_cache_memory_bytes1M: class c1,")
+    assert len(out) == 17
 
 
 @pytest.mark.parametrize("path", ["examples/cpu-demo.toml", "examples/cpu-adaptive.toml", "examples/cpu-adaptive-verify.toml", "docker/sweep.toml"])
