@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from replay.results import PassPoint, StepResult
 from replay.slo import rules as slo_mod
 from replay.slo.max_rules import EXPOSURE_REQUESTS, poisson_interval
+from replay.stats.across_steps import informative
 from replay.stats.intervals import Z_975
 from replay.stats.isotonic import isotonic
 
@@ -59,12 +60,6 @@ def wilson(p: float, n: float) -> tuple[float, float]:
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = Z_975 * math.sqrt(max(0.0, p * (1 - p) / n + z2 / (4 * n * n))) / (1 + z2 / n)
     return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def informative(steps: Sequence[StepResult]) -> list[StepResult]:
-    """The closed-loop steps that carry information, in order: unresolved and disturbed steps
-    (replay.step.environment) carry none."""
-    return [s for s in steps if s.load.mode == "concurrency" and s.slo_verdict != "unresolved" and not s.disturbed]
 
 
 def trials(steps: Sequence[StepResult]) -> list[tuple[int, str]]:

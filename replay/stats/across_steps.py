@@ -242,6 +242,12 @@ def checks(
     return out
 
 
+def informative(steps: Sequence[StepResult]) -> list[StepResult]:
+    """The closed-loop steps that carry information, in order: an unresolved step measured too
+    little, and a disturbed one (replay.step.environment) measured something else too."""
+    return [s for s in steps if s.load.mode == "concurrency" and s.slo_verdict != "unresolved" and not s.disturbed]
+
+
 def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float | None = None) -> Spread:
     """The pooled tau and the between-step log sd of each percentile rule over a point's
     closed-loop steps (see the module docstring). With `load` (the step about to be judged), both
@@ -249,11 +255,7 @@ def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float
     steps scatter depend on the load (near saturation a full KV cache, preemptions and the queue
     make each step's figures depend on where the server stood), and what steps at 56 in flight
     showed says nothing of steps at 30."""
-    # A disturbed step (replay.step.environment) measured something else too: left out like an
-    # unresolved one.
-    closed = [
-        s for s in steps if s.load.mode == "concurrency" and s.slo_verdict != "unresolved" and not s.disturbed
-    ]
+    closed = informative(steps)
     near = closed if load is None else [s for s in closed if abs(s.load.value - load) <= NEAR * load]
     taus: dict[str, float] = {}
     bound_taus: dict[str, float] = {}

@@ -56,7 +56,7 @@ def write_sweep_config(
     more["sweep"] = {"strategy": "exhaustive", **more.get("sweep", {})}
     tables = {"server": server, "grid": grid, "grid.extra": extra, "replay": replay or {}, "slo": slo, "gpus": {"devices": "none"}}
     text = f"prompts = {toml_value(str(corpus))}\n\n" + "\n".join(
-        toml_table(name, values) for name, values in {**tables, **(more or {})}.items() if values
+        toml_table(name, values) for name, values in {**tables, **more}.items() if values
     )
     cfg = folder / "sweep.toml"
     cfg.write_text(text)
