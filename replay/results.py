@@ -360,6 +360,9 @@ class StepResult(ResultModel):
     load: LoadSpec
     # When the step started (UTC, ISO 8601).
     started_at: str
+    # Which start of the point's server measured it (1, 2, ...) when the point was searched on
+    # several ([sweep] server_starts); null when it was searched on one.
+    server_start: int | None = None
     # Unmeasured requests sent before the window opened.
     warmup_requests: int
     # The measurement window's length in seconds.

@@ -118,6 +118,9 @@ def _recommendation(data: ReportData) -> list[str]:
     band = pass_fit.describe(fitted)
     if band is not None:
         out.append(f"- From every step: {band}")
+    starts = pass_fit.describe_starts(best.steps)
+    if starts is not None:
+        out.append(f"- {starts[0].upper()}{starts[1:]}")
     for line in pass_fit.little_margin(best.steps, data.slo or {}):
         out.append(f"- {line}")
     for line in pass_fit.rare_event_margin(best.steps, data.slo or {}, best.answer_load, best.knee_fit_level):

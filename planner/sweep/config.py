@@ -268,6 +268,13 @@ class StrategySection(_Strict):
     # Measure the recommended point's safe concurrency once more on a freshly started server
     # (planner.sweep.fresh); the results say whether it held.
     confirm_fresh_server: bool = True
+    # Search every searched point on this many starts of its server, pooling their steps: the
+    # search on each later start goes on from the earlier starts' steps, and its answer must pass
+    # again on that start (planner.sweep.point). An engine's speed can differ between starts (the
+    # CPU demo's 32M point answered 56, 45 and 46 on three), which no step on one start can see;
+    # 2 or more makes the answer hold on each start, at the cost of a start-up and a few steps
+    # per extra start. Predicted, verified and dominated points run on one start.
+    server_starts: int = Field(default=1, ge=1, le=5)
 
     @field_validator("memory_only_flags")
     @classmethod

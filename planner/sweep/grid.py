@@ -99,5 +99,8 @@ def fingerprint(
         "replay": settings.replay.model_dump(mode="json"),
         "client_cpus": settings.cpus.client,
     }
+    if settings.sweep.server_starts != 1:
+        # Only when set, so that results written before the key keep their fingerprints.
+        payload["server_starts"] = settings.sweep.server_starts
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -132,9 +132,11 @@ def point_server(
     )
 
 
-def log_path(point_id: str) -> Path:
-    """A point's server log, relative to the results folder."""
-    return Path("points") / point_id / "server.log"
+def log_path(point_id: str, start: int | None = None) -> Path:
+    """A point's server log, relative to the results folder; a later start's ([sweep]
+    server_starts) beside the first's."""
+    name = "server.log" if start in (None, 1) else f"server-start{start}.log"
+    return Path("points") / point_id / name
 
 
 async def run_point(
@@ -184,8 +186,11 @@ class PointRunner:
         self.save = save
         # The cgroup's OOM kills when the point began (planner.sweep.oom): a rise names the killer.
         self.oom_kills_at_start: int | None = None
+        # Which start of the server runs now, when the point runs on several ([sweep] server_starts).
+        self.start_index: int | None = None
 
     def _on_step(self, step: StepResult) -> None:
+        step.server_start = self.start_index
         self.result.steps.append(step)
         self.save()
 
@@ -193,7 +198,7 @@ class PointRunner:
         return point_server(
             self.ctx.settings,
             self.point,
-            log_path=self.ctx.output_dir / log_path(self.point.id),
+            log_path=self.ctx.output_dir / log_path(self.point.id, self.start_index),
             gpu_ids=self.gpu_ids,
             port=self.ctx.settings.server.port or None,
             cpus=self.ctx.cpus,
@@ -213,6 +218,13 @@ class PointRunner:
             )
         return None
 
+    def _another_start(self) -> bool:
+        """Whether the point is searched on one more start of its server ([sweep] server_starts):
+        only a point whose search found a passing concurrency; one predicted, verified or
+        dominated by the adaptive strategy ran no search to pool."""
+        r = self.result
+        return r.status == "ok" and r.answer_source == "searched" and r.max_passing_concurrency is not None
+
     async def run(self) -> None:
         r = self.result
         server = self._server()
@@ -222,32 +234,23 @@ class PointRunner:
         r.status = "running"
         self.oom_kills_at_start = oom_kills()
         self.save()
-        # A port the launcher chose can be taken by another process before the server binds it:
-        # the server is started again on a port chosen afresh (not when [server] port fixes it).
-        attempts = 1 if self.ctx.settings.server.port else PORT_ATTEMPTS
+        starts = self.ctx.settings.sweep.server_starts
+        self.server = server
         try:
-            for attempt in range(attempts):
-                if attempt:
-                    server = self._server()
-                    r.command = server.command_for_record
-                try:
-                    async with server:
-                        r.capacity = server.capacity
-                        r.startup_s = None if server.startup_s is None else round(server.startup_s, 1)
-                        r.vllm_version = server.vllm_version
-                        r.command = server.command_for_record
-                        await self._measure(server)
-                    break
-                except ServerStartFailed as exc:
-                    note = self._taken_port_note(exc.failure, server)
-                    if note is None or attempt + 1 == attempts:
-                        raise
-                    r.notes.append(note)
+            for index in range(1, starts + 1):
+                if index > 1:
+                    if not self._another_start():
+                        break
+                    r.status = "running"
+                    self.save()
+                self.start_index = index if starts > 1 else None
+                await self._start_and_measure(server if index == 1 else None)
         except ServerStartFailed as exc:
             r.status = ended_status(exc.failure)
             r.failure = exc.failure
-            r.command = server.command_for_record
+            r.command = self.server.command_for_record
         except ReplayError as exc:
+            server = self.server
             if not server.alive():
                 # It died before the search began (while the corpus was being tokenized, say).
                 self._server_died(server)
@@ -270,6 +273,35 @@ class PointRunner:
         finally:
             r.duration_s = round(time.perf_counter() - start, 1)
             self.save()
+
+    async def _start_and_measure(self, server: VllmServer | None) -> None:
+        """One start of the point's server (`server`, or a new one) and its search; `self.server`
+        is the server as last started, for the failure record."""
+        r = self.result
+        # A port the launcher chose can be taken by another process before the server binds it:
+        # the server is started again on a port chosen afresh (not when [server] port fixes it).
+        attempts = 1 if self.ctx.settings.server.port else PORT_ATTEMPTS
+        for attempt in range(attempts):
+            if attempt or server is None:
+                server = self._server()
+                r.command = server.command_for_record
+            self.server = server
+            try:
+                async with server:
+                    r.capacity = server.capacity
+                    if self.start_index in (None, 1):
+                        r.startup_s = None if server.startup_s is None else round(server.startup_s, 1)
+                    r.vllm_version = server.vllm_version
+                    r.command = server.command_for_record
+                    await self._measure(server)
+                return
+            except ServerStartFailed as exc:
+                if self.start_index is not None and self.start_index > 1:
+                    exc.failure.message = f"start {self.start_index} of {self.ctx.settings.sweep.server_starts}: {exc.failure.message}"
+                note = self._taken_port_note(exc.failure, server)
+                if note is None or attempt + 1 == attempts:
+                    raise
+                r.notes.append(note)
 
     def _client(self, server: VllmServer, max_connections: int) -> StreamingClient:
         settings = self.ctx.settings
@@ -382,7 +414,8 @@ class PointRunner:
         upper, limit = bound.result()
         r.search_upper_bound = upper
         self.save()
-        if upper is not None and settled_by_bound(r, upper, gpus=self.point.gpus, headroom=settings.slo.headroom):
+        later_start = self.start_index is not None and self.start_index > 1
+        if not later_start and upper is not None and settled_by_bound(r, upper, gpus=self.point.gpus, headroom=settings.slo.headroom):
             return  # [sweep] strategy = "adaptive": this point cannot win (planner.sweep.adaptive_point)
         if upper is None:
             r.status = "failed"
@@ -424,7 +457,12 @@ class PointRunner:
                 step_monitor=monitor,
                 probes=probes,
             )
-            search = asyncio.create_task(self._search(replay, upper))
+            if later_start:
+                # The earlier starts' steps, pooled: the search goes on from them (replay.search.policy).
+                replay.steps = list(r.steps)
+                search = asyncio.create_task(replay.search(start=upper, upper=upper, pooled=len(r.steps)))
+            else:
+                search = asyncio.create_task(self._search(replay, upper))
             died = asyncio.create_task(server.wait_exit())
             server_died = False
             try:

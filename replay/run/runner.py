@@ -142,18 +142,21 @@ class Replay:
         for load in planned_loads(self.settings):
             await self.step(load)
 
-    async def search(self, *, start: int, upper: int | None) -> SearchOutcome:
+    async def search(self, *, start: int, upper: int | None, pooled: int = 0) -> SearchOutcome:
         """The search from `start` (a capacity bound, or the saturation probe's count), capped by
-        `upper`, within [replay] point_budget_s."""
+        `upper`, within [replay] point_budget_s. `pooled`: how many of `self.steps` an earlier
+        server start of the point measured (planner.sweep.point); the search goes on from them,
+        and its highest pass must pass again on this start."""
         settings = self.settings
         began = time.perf_counter()
         budget = settings.point_budget_s
         history = concurrency_history(self.steps, self.slo)
+        confirm_from = len(concurrency_history(self.steps[:pooled]))
         outcome = SearchOutcome()
         while (
             n := next_probe(
                 history, start=start, upper=upper, rel_precision=settings.precision, confirm=settings.confirm_knee,
-                disturbed_retries=settings.disturbed_retries,
+                disturbed_retries=settings.disturbed_retries, confirm_from=confirm_from,
             )
         ) is not None:
             window = self.settings.window(self.slo)

@@ -15,6 +15,8 @@ a Wilson 95% interval on the pooled weight.
   pass]. Between them the steps disagree or fail; when they agree the band is one load wide.
 - `contested`: loads that both passed and did not pass. They are shown, never hidden: a load
   that failed once and passed once is not "the lowest conclusive fail" without its pass.
+- `describe_starts`: for a point searched on several server starts, what each start's own steps
+  bracket: an engine whose speed differs between starts shows it there.
 - `rare_event_margin`: the strict `max_preemptions = 0` rule where it capped the answer, from the
   preemption rate pooled over the steps at and above the load that broke it. A step passes that
   rule when no preemption came in its first `EXPOSURE_REQUESTS` measured requests, a trial that
@@ -145,6 +147,25 @@ def describe(fit: KneeFit) -> str | None:
     )
     contested = f"; passed and failed at {', '.join(map(str, fit.contested))}" if fit.contested else ""
     return f"knee {band}: {parts}; {answer}{contested}"
+
+
+def describe_starts(steps: Sequence[StepResult]) -> str | None:
+    """One line for a point searched on several server starts ([sweep] server_starts): what each
+    start's own steps bracket, "server starts: 1 passed up to 56, failed at 57 (4 steps); 2
+    passed up to 45, failed at 49 (6 steps); the answer pools them"; None for one start."""
+    starts = sorted({s.server_start for s in steps if s.server_start is not None})
+    if len(starts) < 2:
+        return None
+    parts = []
+    for start in starts:
+        own = [(c, v) for c, v in trials([s for s in steps if s.server_start == start])]
+        fails = [c for c, v in own if v != "pass"]
+        lowest_fail = min(fails) if fails else None
+        passes = [c for c, v in own if v == "pass" and (lowest_fail is None or c < lowest_fail)]
+        up_to = f"passed up to {max(passes)}" if passes else "passed nothing"
+        above = f", failed at {lowest_fail}" if lowest_fail is not None else ", nothing above tried"
+        parts.append(f"{start} {up_to}{above} ({len(own)} step{'' if len(own) == 1 else 's'})")
+    return "server starts: " + "; ".join(parts) + "; the answer pools them"
 
 
 def little_margin(steps: Sequence[StepResult], slo: Mapping[str, float]) -> list[str]:

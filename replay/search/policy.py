@@ -53,6 +53,12 @@ close below.
 
 The confirmation is also the guard on the model's assumption: a server whose latency fell with
 load would show it as a pass that does not repeat.
+
+Across server starts ([sweep] server_starts, planner.sweep.point), the search on a later start
+goes on from the steps of the earlier ones, pooled: the highest pass must pass again on the new
+start (`confirm_from`) before the search ends, and where it does not, the search goes on below it
+on that start, as after any repeat that did not hold. An engine whose speed differs between
+starts so answers with the slower start's knee, and every start's steps stay in the fit.
 """
 
 from __future__ import annotations
@@ -127,13 +133,16 @@ def next_probe(
     rel_precision: float = 0.05,
     confirm: bool = False,
     disturbed_retries: int = DISTURBED_RETRIES,
+    confirm_from: int = 0,
 ) -> int | None:
     """The next concurrency to measure, or None when the search is done.
 
     `history` holds every step so far (Probes, or (concurrency, passed) pairs). `start` is the
     first probe; `upper` caps the search (a capacity bound): when it passes, nothing above it is
-    tried. `confirm`: end only once the highest pass has passed twice. A concurrency disturbed
-    more than `disturbed_retries` times ends the search.
+    tried. `confirm`: end only once the highest pass has passed twice, once at least from
+    `history[confirm_from]` on (the steps of this server start, when the history pools earlier
+    starts: planner.sweep.point). A concurrency disturbed more than `disturbed_retries` times
+    ends the search.
     """
     if start < 1:
         raise ValueError("start must be >= 1")
@@ -145,10 +154,10 @@ def next_probe(
     nxt = _narrow(probes, upper, rel_precision)
     if nxt is not None:
         return _past_disturbed(probes, _past_unresolved(probes, nxt, upper), disturbed_retries)
-    if not confirm:
+    if not confirm and not confirm_from:
         return None
     lo = bracket(probes).max_passing
-    if lo is not None and not is_confirmed(probes, lo):
+    if lo is not None and not is_confirmed(probes, lo, since=confirm_from):
         return _past_disturbed(probes, _past_unresolved(probes, lo, upper, confirming=True), disturbed_retries)
     return None
 
@@ -167,8 +176,10 @@ def disturbed(history: History) -> list[int]:
     return sorted({p.concurrency for p in probes if p.verdict == "disturbed"} - informed)
 
 
-def is_confirmed(history: History, concurrency: int) -> bool:
-    return sum(1 for p in as_probes(history) if p.concurrency == concurrency and p.passed) >= 2
+def is_confirmed(history: History, concurrency: int, *, since: int = 0) -> bool:
+    """Whether `concurrency` passed twice, and at least once from `history[since]` on."""
+    passes = [i for i, p in enumerate(as_probes(history)) if p.concurrency == concurrency and p.passed]
+    return len(passes) >= 2 and passes[-1] >= since
 
 
 def unresolved(history: History) -> list[int]:

@@ -254,6 +254,46 @@ def test_a_point_across_nodes_is_refused_by_a_local_sweep_without_a_launch(tmp_p
 
 
 @pytest.mark.timeout(300)
+def test_a_point_searched_on_two_server_starts_answers_what_holds_on_both(tmp_path, capsys):
+    # [sweep] server_starts = 2, and the second start is slower (ITL x 1.3): the first start
+    # answers 5 (TPOT p50 about 140 ms against 150), the second fails 5 (182 ms) and goes on below
+    # it from the pooled steps to its own knee, 3 (52 ms x 2.5 = 130 ms; 4 reads 156 ms).
+    starts = tmp_path / "starts"
+    cfg = write_sweep_config(
+        tmp_path,
+        corpus=write_corpus(tmp_path / "corpus.jsonl"),
+        env={
+            "FAKE_VLLM_ITL_S": "0.04", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005",
+            "FAKE_VLLM_STARTS_FILE": str(starts), "FAKE_VLLM_SLOWER_FROM_START": "2:1.3",
+        },
+        grid={"max_model_len": [2048]},
+        extra={"kv_cache_memory_bytes": ["4M"]},
+        replay={"start_concurrency": 4, "min_requests": 30, "max_window_s": 60, "request_timeout_s": 30},
+        slo={"tpot_p50_ms": 150, "error_rate": 0, "max_preemptions": 0, "headroom": 0.2},
+        more={"sweep": {"server_starts": 2, "confirm_fresh_server": False}},
+    )  # fmt: skip
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    assert len(starts.read_text().splitlines()) == 2
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "ok"
+    first = [int(s.load.value) for s in point.steps if s.server_start == 1]
+    second = [s for s in point.steps if s.server_start == 2]
+    assert first and second and len(first) + len(second) == len(point.steps)
+    assert max(c for c, s in zip(first, point.steps) if s.slo_pass) == 5
+    # The second start measured the first's answer first, failed it, and confirmed its own knee.
+    assert int(second[0].load.value) == 5 and not second[0].slo_pass
+    assert [int(s.load.value) for s in second[-2:]] == [3, 3] and all(s.slo_pass for s in second[-2:])
+    assert point.max_passing_concurrency == 3 and point.knee_fit == 3 and point.safe_concurrency == 2
+    assert (out / "points" / point.id / "server.log").exists()
+    assert (out / "points" / point.id / "server-start2.log").exists()
+    line = f"{point.id}: server starts: 1 passed up to 5, failed at 6"
+    assert line in capsys.readouterr().out
+    assert "- Server starts: 1 passed up to 5" in (out / "report.md").read_text()
+    assert fake_vllm_processes(cfg) == []
+
+
+@pytest.mark.timeout(300)
 def test_an_answer_that_does_not_hold_on_a_fresh_server_is_searched_again(tmp_path, capsys):
     # From the second start on (the fresh server), ITL doubles: TPOT at the safe 4 is about
     # 80 ms x (1 + 0.5 x 4) = 240 ms against 150, and the new search passes only 1.

@@ -128,3 +128,21 @@ def test_a_knee_that_may_rest_on_single_preemptions_is_named():
     assert rare_event_margin(unread, slo, 28)[0].startswith(
         "max_preemptions = 0 capped the knee at 28: 29 broke it; from 29 up, 1 preemption in 100 requests over 1 step:"
     )
+
+
+def test_each_server_starts_own_bracket_is_shown_beside_the_pooled_answer():
+    from replay.search.pass_fit import describe_starts
+
+    def on(start, c, verdict):
+        return make_step(load=LoadSpec(mode="concurrency", value=c), slo_pass=verdict == "pass", slo_verdict=verdict, server_start=start)
+
+    first = [on(1, 59, "fail"), on(1, 56, "pass"), on(1, 57, "fail"), on(1, 56, "pass")]
+    second = [on(2, 56, "fail"), on(2, 53, "fail"), on(2, 45, "pass"), on(2, 49, "inconclusive"), on(2, 45, "pass")]
+    assert describe_starts(first) is None
+    assert describe_starts(first + second) == (
+        "server starts: 1 passed up to 56, failed at 57 (4 steps); 2 passed up to 45, failed at 49 (5 steps);"
+        " the answer pools them"
+    )
+    assert fit(first + second).knee_fit == 45
+    # One start's steps alone, or steps written before the field: no line.
+    assert describe_starts([make_step()]) is None

@@ -320,3 +320,53 @@ def test_below_a_disagreement_the_search_steps_down_by_precision_not_halving():
     # below it: the steps disagree from 33 up, so 29 is next, not a halving to 15.
     history = [Probe(40, "fail"), Probe(34, "pass"), Probe(34, "inconclusive"), Probe(33, "fail"), Probe(31, "inconclusive")]
     assert next_probe(history, confirm=True) == 29
+
+
+def run_on_starts(knees: list[int], *, upper: int = 80) -> tuple[list[tuple[int, bool]], list[int]]:
+    """Drive the search over several server starts, as the sweep does ([sweep] server_starts):
+    start k passes exactly up to knees[k], and each later start goes on from the pooled steps.
+    Returns the history and the index where each start began."""
+    history: list[tuple[int, bool]] = []
+    began = []
+    for knee in knees:
+        began.append(len(history))
+        while (
+            n := next_probe(history, start=upper, upper=upper, confirm=True, confirm_from=began[-1])
+        ) is not None:
+            history.append((n, n <= knee))
+            assert len(history) < 60
+    return history, began
+
+
+def test_a_later_start_must_pass_the_answer_again_before_the_search_ends():
+    # The second start is as fast as the first: one step on it, at the answer, and the search ends.
+    history, began = run_on_starts([50, 50])
+    assert history[began[1]:] == [(50, True)]
+    assert bracket(history).max_passing == 50 and is_confirmed(history, 50, since=began[1])
+
+
+def test_a_slower_later_start_moves_the_answer_to_its_own_knee():
+    # The CPU demo's 32M point answered 56 on one start and 45 on another.
+    history, began = run_on_starts([56, 45])
+    b = bracket(history)
+    assert b.max_passing == 45 and b.min_failing is not None and b.min_failing <= 48
+    # The first start answered 55 (within the 5% precision of its knee). The second failed it and
+    # went on below one precision step at a time, and confirmed on the second start itself.
+    second = history[began[1]:]
+    assert history[began[1] - 1] == (55, True)
+    assert [c for c, _ in second[:4]] == [55, 52, 50, 47] and not any(ok for _, ok in second[:4])
+    assert is_confirmed(history, 45, since=began[1])
+
+
+def test_a_faster_later_start_keeps_the_slower_answer():
+    # Nothing above the first start's lowest failure is tried again: the answer holds on both.
+    history, began = run_on_starts([45, 56])
+    assert bracket(history).max_passing == 45 and history[began[1]:] == [(45, True)]
+
+
+def test_a_later_start_confirms_even_where_the_search_itself_does_not():
+    # [replay] confirm_knee = false: one start ends at its first bracket, a later one still
+    # measures the answer once on its own server.
+    history = [(80, False), (50, True), (52, False)]
+    assert next_probe(history, start=80, upper=80, confirm=False) is None
+    assert next_probe(history, start=80, upper=80, confirm=False, confirm_from=3) == 50
