@@ -91,13 +91,9 @@ class ServerSummary(ResultModel):
     # /metrics scrapes during the step (about one a second).
     samples: int = 0
     # False when /metrics answered during the step but no sample fell inside the window or near
-    # its edges (a scrape stalled on a busy server), or every sample read no request running while
-    # requests finished in the window (none caught its work): the gauges' peaks are then unknown
-    # (null), and the rules over them inconclusive.
+    # its edges (a scrape stalled on a busy server): the gauges' peaks are then unknown (null).
     window_sampled: bool = True
-    # The highest vllm:kv_cache_usage_perc seen during the window (0-1). Null, like running_peak
-    # and waiting_peak, when no sample was taken in the window, or when every sample read no
-    # request running while requests finished in it (metrics_note says so): never read as 0.
+    # The highest vllm:kv_cache_usage_perc seen during the window (0-1).
     kv_cache_usage_peak: float | None = None
     # The change in vllm:num_preemptions_total across the window; null when the counter was not
     # read at both of the window's edges (a scrape stalled on a busy server), never read as 0.

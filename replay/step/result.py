@@ -76,17 +76,8 @@ class SessionFigures(Protocol):
     ) -> SessionSummary: ...
 
 
-def server_summary(
-    metrics: MetricSnapshots | None, open_s: float, close_s: float, finished_inside: int = 0
-) -> ServerSummary:
-    """vLLM's figures over the window: gauges and counters, then its histograms.
-
-    `finished_inside` requests finished in the window, so vLLM ran at least one at a time there.
-    Where every sample still read none running, no sample caught the window's work (a client loop
-    starved of CPU asks for /metrics late, and a tiny model's requests can finish between two
-    scrapes): the gauges' peaks are unknown, not 0, the note says so, and the window counts as
-    unsampled, so that the rules over them are inconclusive there (replay.slo.rules), never passed
-    unseen."""
+def server_summary(metrics: MetricSnapshots | None, open_s: float, close_s: float) -> ServerSummary:
+    """vLLM's figures over the window: gauges and counters, then its histograms."""
     server = (
         summarize_server(
             metrics.samples, open_s, close_s, metrics.note, max_edge_gap_s=metrics.edge_gap_s, marks=metrics.window
@@ -94,15 +85,6 @@ def server_summary(
         if metrics is not None
         else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
     )
-    if finished_inside and server.running_peak == 0:
-        missed = (
-            f"every /metrics sample of the window ({server.samples}) read 0 requests running while"
-            f" {finished_inside} finished in it: no sample caught them, so the gauges' peaks are unknown"
-        )
-        server = updated(
-            server, running_peak=None, kv_cache_usage_peak=None, waiting_peak=None, window_sampled=False,
-            metrics_note=f"{missed}; {server.metrics_note}" if server.metrics_note else missed,
-        )
     if metrics is not None:
         server = updated(server, **metrics.histograms)
     return server
@@ -194,7 +176,7 @@ def step_result(
         measured=list(records.measured),
         finished_inside=list(records.finished_inside),
         drained=records.drained,
-        server=server_summary(metrics, records.open_s, records.close_s, len(records.finished_inside)),
+        server=server_summary(metrics, records.open_s, records.close_s),
         client=client_summary(records.load, list(records.send_lags), list(records.loop_lags)),
         window_open_s=records.open_s,
         slo=slo,

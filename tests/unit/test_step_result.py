@@ -9,7 +9,7 @@ from replay.load.kinds import Concurrency, PoissonRate
 from replay.records import RequestRecord
 from replay.server.metrics import Sample
 from replay.stats.across_steps import Figure, Spread
-from replay.step.result import MetricSnapshots, StepRecords, client_finished, server_summary, step_result
+from replay.step.result import MetricSnapshots, StepRecords, client_finished, step_result
 
 
 def rec(i: int, send_s: float, *, ttft_s: float = 0.05, gap_s: float = 0.02, tokens: int = 5, error: str | None = None) -> RequestRecord:
@@ -146,32 +146,3 @@ def test_rules_over_a_maximum_are_judged_on_figures_of_any_length():
     assert result.preemptions_per_request == 1 / result.requests_ok and result.preemptions_per_request_ci95[0] > 0
     # One sample of three inside the window is above the bound: a third of its time, a fail.
     assert abs(result.kv_cache_above_share - 1 / 3) < 1e-9 and result.slo_verdicts["kv_cache_usage_max"] == "fail"
-
-
-def test_samples_that_read_no_request_running_while_requests_finished_are_not_a_zero_peak():
-    # The e2e prefix-cache test once read KV peak 0.0 and running peak 0.0 over a window in which
-    # 120 requests finished: its two samples lay at the edges, between requests.
-    idle = [Sample(t_s=t, kv_cache_usage=0.0, running=0.0, waiting=0.0, preemptions=0.0) for t in (0.9, 5.1)]
-    metrics = MetricSnapshots(samples=idle, note=None, histograms={}, window=(0.9, 5.1), edge_gap_s=0.5)
-    missed = server_summary(metrics, 1.0, 5.0, finished_inside=120)
-    assert not missed.window_sampled and missed.samples == 2
-    assert missed.running_peak is None and missed.kv_cache_usage_peak is None and missed.waiting_peak is None
-    assert missed.metrics_note.startswith(
-        "every /metrics sample of the window (2) read 0 requests running while 120 finished in it"
-    )
-    # Nothing finished in the window: 0 running is what the samples saw, and it stands.
-    quiet = server_summary(metrics, 1.0, 5.0, finished_inside=0)
-    assert quiet.running_peak == 0.0 and quiet.kv_cache_usage_peak == 0.0 and quiet.metrics_note is None
-    # One sample caught a request running: the peaks are read as measured.
-    busy = [*idle, Sample(t_s=3.0, kv_cache_usage=0.4, running=3.0, waiting=0.0, preemptions=0.0)]
-    caught = server_summary(
-        MetricSnapshots(samples=sorted(busy, key=lambda s: s.t_s), note=None, histograms={}, window=(0.9, 5.1), edge_gap_s=0.5),
-        1.0, 5.0, finished_inside=120,
-    )
-    assert caught.running_peak == 3.0 and caught.kv_cache_usage_peak == 0.4
-    # A rule over a peak that no sample caught is inconclusive, never passed unseen.
-    from replay.slo.rules import verdicts
-    from tests.fakes.results import make_step
-
-    judged, _ = verdicts(make_step(server=missed), {"kv_cache_usage_max": 0.95})
-    assert judged == {"kv_cache_usage_max": "inconclusive"}
