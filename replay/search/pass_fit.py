@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from replay.results import PassPoint, StepResult
+from replay.search.policy import Probe, bracket
 from replay.slo import rules as slo_mod
 from replay.slo.max_rules import EXPOSURE_REQUESTS, poisson_interval
 from replay.stats.across_steps import informative
@@ -158,12 +159,10 @@ def describe_starts(steps: Sequence[StepResult]) -> str | None:
         return None
     parts = []
     for start in starts:
-        own = [(c, v) for c, v in trials([s for s in steps if s.server_start == start])]
-        fails = [c for c, v in own if v != "pass"]
-        lowest_fail = min(fails) if fails else None
-        passes = [c for c, v in own if v == "pass" and (lowest_fail is None or c < lowest_fail)]
-        up_to = f"passed up to {max(passes)}" if passes else "passed nothing"
-        above = f", failed at {lowest_fail}" if lowest_fail is not None else ", nothing above tried"
+        own = trials([s for s in steps if s.server_start == start])
+        own_bracket = bracket([Probe(c, v) for c, v in own])
+        up_to = f"passed up to {own_bracket.max_passing}" if own_bracket.max_passing is not None else "passed nothing"
+        above = f", failed at {own_bracket.min_failing}" if own_bracket.min_failing is not None else ", nothing above tried"
         parts.append(f"{start} {up_to}{above} ({len(own)} step{'' if len(own) == 1 else 's'})")
     return "server starts: " + "; ".join(parts) + "; the answer pools them"
 
