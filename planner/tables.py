@@ -63,7 +63,8 @@ def steps_table(steps: list[StepResult], title: str | None = None) -> Table:
             fmt(s.ttft_ms.p99) + " ms",
             fmt(s.itl_ms.p99, 1) + " ms",
             fmt(s.e2e_ms.p99) + " ms",
-            "-" if kv is None else f"{kv:.0%}",
+            # A window whose samples caught no request running: its peaks are unknown, not 0.
+            ("unseen" if s.server.samples_saw_no_work else "-") if kv is None else f"{kv:.0%}",
             fmt(s.server.preemptions),
             fmt(s.server.waiting_peak),
             ("DISTURBED (not used), " if s.disturbed else "")

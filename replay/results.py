@@ -93,7 +93,12 @@ class ServerSummary(ResultModel):
     # False when /metrics answered during the step but no sample fell inside the window or near
     # its edges (a scrape stalled on a busy server): the gauges' peaks are then unknown (null).
     window_sampled: bool = True
-    # The highest vllm:kv_cache_usage_perc seen during the window (0-1).
+    # True when the window had samples and every one read no request running while requests
+    # finished in it: the engine ran them between scrapes, so the running, KV and waiting peaks
+    # are unknown (null, metrics_note says so), never read as 0.
+    samples_saw_no_work: bool = False
+    # The highest vllm:kv_cache_usage_perc seen during the window (0-1); null when no sample was
+    # taken in the window or none caught a request running (samples_saw_no_work).
     kv_cache_usage_peak: float | None = None
     # The change in vllm:num_preemptions_total across the window; null when the counter was not
     # read at both of the window's edges (a scrape stalled on a busy server), never read as 0.

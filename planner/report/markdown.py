@@ -411,7 +411,7 @@ def step_rows(steps: Sequence[StepResult], slo: dict[str, float] | None = None) 
             num(s.itl_ms.p50),
             num(s.itl_ms.p99),
             num(s.e2e_ms.p99),
-            pct(s.server.kv_cache_usage_peak),
+            "unseen" if s.server.samples_saw_no_work else pct(s.server.kv_cache_usage_peak),
             pct(s.server.prefix_cache_hit_rate),
             num(s.server.preemptions),
             _bounded_figures(s, slo or {}),

@@ -143,7 +143,12 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
             "max_waiting": step.server.waiting_peak,
         }[key]
         judged = max_rules.verdict(step, key, bound)
-        if server_value is None:
+        if server_value is None and judged is not None:
+            # A peak no sample caught (samples_saw_no_work) beside a figure of the samples' own
+            # (the KV share above the bound): judged on that figure.
+            if judged == "fail":
+                violations.append(key)
+        elif server_value is None:
             if key == "max_preemptions" and max_rules.partial_verdict(step, bound) == "fail":
                 # The reads that were made already saw more preemptions than the bound allows.
                 violations.append(key)
@@ -225,7 +230,9 @@ def verdicts(
         if key in unverified:
             # A server that exports the figure but was not sampled in this window: undecided,
             # never passed unseen (the search measures such a step again).
-            if key in SERVER_KEYS and step.server.metrics_available and not step.server.window_sampled:
+            if key in SERVER_KEYS and step.server.metrics_available and (
+                not step.server.window_sampled or step.server.samples_saw_no_work
+            ):
                 out[key] = "inconclusive"
             elif key == "max_preemptions" and max_rules.partial_verdict(step, bound) is not None:
                 # The counter was read over part of the window only.

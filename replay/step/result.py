@@ -76,8 +76,18 @@ class SessionFigures(Protocol):
     ) -> SessionSummary: ...
 
 
-def server_summary(metrics: MetricSnapshots | None, open_s: float, close_s: float) -> ServerSummary:
-    """vLLM's figures over the window: gauges and counters, then its histograms."""
+def server_summary(
+    metrics: MetricSnapshots | None, open_s: float, close_s: float, finished_inside: int = 0
+) -> ServerSummary:
+    """vLLM's figures over the window: gauges and counters, then its histograms.
+
+    `finished_inside` requests finished in the window, so vLLM ran at least one at some moment.
+    Where every sample still read none running, no sample caught that moment: the engine ran the
+    requests between scrapes (on a small machine a fast engine finishes a burst of requests long
+    before a client starved of CPU has read their streams, and /metrics is answered late). The
+    peaks are then unknown, never 0: null, flagged `samples_saw_no_work`, and the note says so.
+    The samples themselves still stand as readings of the engine at their moments, so a rule
+    judged on the share of samples (kv_cache_usage_max, replay.slo.max_rules) keeps its verdict."""
     server = (
         summarize_server(
             metrics.samples, open_s, close_s, metrics.note, max_edge_gap_s=metrics.edge_gap_s, marks=metrics.window
@@ -85,6 +95,16 @@ def server_summary(metrics: MetricSnapshots | None, open_s: float, close_s: floa
         if metrics is not None
         else ServerSummary(metrics_available=False, metrics_note="metrics scraping was off")
     )
+    if finished_inside and server.samples and server.running_peak == 0:
+        missed = (
+            f"every /metrics sample of the window ({server.samples}) read 0 requests running while"
+            f" {finished_inside} finished in it: no sample caught one running, so the running, KV and"
+            " waiting peaks are unknown"
+        )
+        server = updated(
+            server, running_peak=None, kv_cache_usage_peak=None, waiting_peak=None, samples_saw_no_work=True,
+            metrics_note=f"{missed}; {server.metrics_note}" if server.metrics_note else missed,
+        )
     if metrics is not None:
         server = updated(server, **metrics.histograms)
     return server
@@ -176,7 +196,7 @@ def step_result(
         measured=list(records.measured),
         finished_inside=list(records.finished_inside),
         drained=records.drained,
-        server=server_summary(metrics, records.open_s, records.close_s),
+        server=server_summary(metrics, records.open_s, records.close_s, len(records.finished_inside)),
         client=client_summary(records.load, list(records.send_lags), list(records.loop_lags)),
         window_open_s=records.open_s,
         slo=slo,

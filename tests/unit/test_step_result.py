@@ -8,8 +8,10 @@ import math
 from replay.load.kinds import Concurrency, PoissonRate
 from replay.records import RequestRecord
 from replay.server.metrics import Sample
+from replay.slo.rules import verdicts
 from replay.stats.across_steps import Figure, Spread
-from replay.step.result import MetricSnapshots, StepRecords, client_finished, step_result
+from replay.step.result import MetricSnapshots, StepRecords, client_finished, server_summary, step_result
+from tests.fakes.results import make_step
 
 
 def rec(i: int, send_s: float, *, ttft_s: float = 0.05, gap_s: float = 0.02, tokens: int = 5, error: str | None = None) -> RequestRecord:
@@ -146,3 +148,42 @@ def test_rules_over_a_maximum_are_judged_on_figures_of_any_length():
     assert result.preemptions_per_request == 1 / result.requests_ok and result.preemptions_per_request_ci95[0] > 0
     # One sample of three inside the window is above the bound: a third of its time, a fail.
     assert abs(result.kv_cache_above_share - 1 / 3) < 1e-9 and result.slo_verdicts["kv_cache_usage_max"] == "fail"
+
+
+def test_samples_that_read_no_request_running_while_requests_finished_are_not_a_zero_peak():
+    # The e2e prefix-cache test once read KV peak 0.0 and running peak 0.0 over a window in which
+    # 120 requests finished: the engine ran them between scrapes answered seconds late.
+    idle = [Sample(t_s=t, kv_cache_usage=0.0, running=0.0, waiting=0.0, preemptions=0.0) for t in (0.9, 3.0, 5.1)]
+    metrics = MetricSnapshots(samples=idle, note=None, histograms={}, window=(0.9, 5.1), edge_gap_s=0.5)
+    missed = server_summary(metrics, 1.0, 5.0, finished_inside=120)
+    assert missed.samples_saw_no_work and missed.window_sampled and missed.samples == 3
+    assert missed.running_peak is None and missed.kv_cache_usage_peak is None and missed.waiting_peak is None
+    assert missed.preemptions == 0.0  # a counter's change is read at the edges, not caught in passing
+    assert missed.metrics_note.startswith(
+        "every /metrics sample of the window (3) read 0 requests running while 120 finished in it"
+    )
+    # Nothing finished in the window: 0 running is what the samples saw, and it stands.
+    quiet = server_summary(metrics, 1.0, 5.0, finished_inside=0)
+    assert quiet.running_peak == 0.0 and quiet.kv_cache_usage_peak == 0.0 and not quiet.samples_saw_no_work
+    assert quiet.metrics_note is None
+    # One sample caught a request running: the peaks are read as measured.
+    busy = sorted([*idle, Sample(t_s=2.0, kv_cache_usage=0.4, running=3.0, waiting=0.0, preemptions=0.0)], key=lambda s: s.t_s)
+    caught = server_summary(
+        MetricSnapshots(samples=busy, note=None, histograms={}, window=(0.9, 5.1), edge_gap_s=0.5), 1.0, 5.0,
+        finished_inside=120,
+    )
+    assert caught.running_peak == 3.0 and caught.kv_cache_usage_peak == 0.4 and not caught.samples_saw_no_work
+
+
+def test_rules_over_peaks_no_sample_caught_use_the_samples_share_or_stay_undecided():
+    idle = [Sample(t_s=t, kv_cache_usage=0.0, running=0.0, waiting=0.0, preemptions=0.0) for t in (0.9, 3.0, 5.1)]
+    missed = server_summary(MetricSnapshots(idle, None, {}, (0.9, 5.1), 0.5), 1.0, 5.0, finished_inside=120)
+    # The KV rule is judged on the share of samples above its bound, which the samples did read.
+    judged, unverified = verdicts(make_step(server=missed, kv_cache_above_share=0.0), {"kv_cache_usage_max": 0.95})
+    assert judged == {"kv_cache_usage_max": "pass"} and unverified == []
+    judged, _ = verdicts(make_step(server=missed, kv_cache_above_share=0.5), {"kv_cache_usage_max": 0.95})
+    assert judged == {"kv_cache_usage_max": "fail"}
+    # Without that share (no sample inside the window), and for a bound on the waiting peak: undecided,
+    # never passed unseen.
+    judged, _ = verdicts(make_step(server=missed), {"kv_cache_usage_max": 0.95, "max_waiting": 0})
+    assert judged == {"kv_cache_usage_max": "inconclusive", "max_waiting": "inconclusive"}
