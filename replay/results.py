@@ -448,6 +448,9 @@ class StepResult(ResultModel):
     # The share of the window's KV-cache usage samples above kv_cache_usage_max, which that rule
     # judges (at most 5%). Null when not judged.
     kv_cache_above_share: float | None = None
+    # How many KV-cache usage samples inside the window that share was read from; the rule is
+    # judged on at least 20 (fewer: inconclusive unless the share would stay over 5% at 20).
+    kv_cache_samples: int | None = None
     # 95% interval of requests_per_s (batch means over ten slices of the window).
     requests_per_s_ci95: list[float | None] | None = None
     # 95% interval of output_tokens_per_s.

@@ -51,7 +51,15 @@ def undecided_rules(step: StepResult) -> list[str]:
 
 def undecided_notes(step: StepResult) -> list[str]:
     n = measured_requests(step)
-    return [f"{rule}: undecided after {n} request{'s' if n != 1 else ''}" for rule in undecided_rules(step)]
+    notes = []
+    for rule in undecided_rules(step):
+        if rule == "kv_cache_usage_max" and step.kv_cache_samples and step.kv_cache_above_share is not None:
+            # Judged on /metrics samples, not requests (replay.slo.max_rules).
+            above = round(step.kv_cache_above_share * step.kv_cache_samples)
+            notes.append(f"{rule}: undecided on {above} of {step.kv_cache_samples} samples above the bound")
+        else:
+            notes.append(f"{rule}: undecided after {n} request{'s' if n != 1 else ''}")
+    return notes
 
 
 def lowest_failing_step(steps: Sequence[StepResult], min_failing: int | None) -> StepResult | None:

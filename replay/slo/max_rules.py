@@ -18,7 +18,11 @@ window's length:
 - **kv_cache_usage_max = b** bounds the share of the window's time above b: the share of vLLM's
   KV-cache usage samples inside the window above b must be at most `KV_ABOVE_SHARE_LIMIT`.
   Samples come at the scrape interval, so the share is a time share. A brief peak above b no
-  longer fails a window; a cache that sits full does, at any length.
+  longer fails a window; a cache that sits full does, at any length. The share is judged on at
+  least `KV_MIN_SAMPLES` samples: on fewer, one sample above b is already a share over the
+  limit, and a window of 12 samples would fail on one brief peak, as the old peak rule did.
+  Such a window measures on (replay.step.window) and, if it still has too few, is inconclusive;
+  a share that would stay over the limit even at `KV_MIN_SAMPLES` fails at once.
 
 A result without these figures (an older file, a server without metrics) is judged as before.
 """
@@ -36,6 +40,8 @@ from replay.server.metrics import Sample
 EXPOSURE_REQUESTS = 100
 # A window may spend at most this share of its time with the KV cache above kv_cache_usage_max.
 KV_ABOVE_SHARE_LIMIT = 0.05
+# The fewest samples a KV share is judged on: one sample above the bound in this many is the limit.
+KV_MIN_SAMPLES = round(1 / KV_ABOVE_SHARE_LIMIT)
 _ALPHA_SIDE = 0.025
 
 
@@ -102,12 +108,36 @@ def partial_verdict(step: StepResult, bound: float) -> Verdict | None:
     return "inconclusive"
 
 
+def kv_usage_inside(samples: Sequence[Sample], open_s: float, close_s: float | None = None) -> list[float]:
+    """The KV-cache usage samples inside the window (after its open, up to its close)."""
+    return [
+        s.kv_cache_usage for s in samples
+        if open_s < s.t_s and (close_s is None or s.t_s <= close_s) and s.kv_cache_usage is not None
+    ]
+
+
 def kv_share_above(samples: Sequence[Sample], open_s: float, close_s: float, bound: float) -> float | None:
     """The share of KV-cache usage samples inside the window above `bound`; None without any."""
-    usage = [s.kv_cache_usage for s in samples if open_s < s.t_s <= close_s and s.kv_cache_usage is not None]
+    usage = kv_usage_inside(samples, open_s, close_s)
     if not usage:
         return None
     return sum(1 for u in usage if u > bound) / len(usage)
+
+
+def kv_share_verdict(above: int, n: int) -> Verdict | None:
+    """The KV rule on `above` of `n` samples over its bound: pass at a share within the limit, fail
+    when even `KV_MIN_SAMPLES` samples would leave it over the limit, else inconclusive (too few
+    samples to tell a brief peak from a full cache); None without samples."""
+    if n == 0:
+        return None
+    if above / n <= KV_ABOVE_SHARE_LIMIT:
+        return "pass"
+    return "fail" if above / max(n, KV_MIN_SAMPLES) > KV_ABOVE_SHARE_LIMIT else "inconclusive"
+
+
+def kv_undecided(usage: Sequence[float], bound: float) -> bool:
+    """Whether the window's KV samples so far leave the rule undecided for want of samples."""
+    return kv_share_verdict(sum(1 for u in usage if u > bound), len(usage)) == "inconclusive"
 
 
 def figures(
@@ -131,6 +161,7 @@ def figures(
             out["preemptions_per_request_ci95"] = [lo / n, hi / n]
     if "kv_cache_usage_max" in slo:
         out["kv_cache_above_share"] = kv_share_above(samples, open_s, close_s, slo["kv_cache_usage_max"])
+        out["kv_cache_samples"] = len(kv_usage_inside(samples, open_s, close_s))
     return out
 
 
@@ -150,7 +181,11 @@ def verdict(step: StepResult, key: str, bound: float) -> Verdict | None:
             return "pass"
         return "fail" if ci[0] > limit else "inconclusive"
     if key == "kv_cache_usage_max":
-        if step.kv_cache_above_share is None:
+        share, n = step.kv_cache_above_share, step.kv_cache_samples
+        if share is None:
             return None
-        return "pass" if step.kv_cache_above_share <= KV_ABOVE_SHARE_LIMIT else "fail"
+        if not n:
+            # A result written before the sample count was kept: judged on the share alone.
+            return "pass" if share <= KV_ABOVE_SHARE_LIMIT else "fail"
+        return kv_share_verdict(round(share * n), n)
     return None

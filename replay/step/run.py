@@ -32,7 +32,7 @@ from replay.server.metrics import MetricsScraper
 from replay.step.environment import EnvironmentWatch
 from replay.step.observer import Observers, ReplayObserver
 from replay.step.result import MetricSnapshots, StepRecords, step_result
-from replay.step.window import Window, WindowState, gauges_broke, slo_judge, watch
+from replay.step.window import Window, WindowState, gauges_broke, gauges_undecided, slo_judge, watch
 
 LOOP_TICK_S = 0.01
 
@@ -109,6 +109,7 @@ def window_state(
         judge=slo_judge(load.spec(), slo, window.spread) if slo else None,
     )
     state.server_broke = gauges_broke(scraper, slo, state)
+    state.server_undecided = gauges_undecided(scraper, slo, state)
     return state
 
 

@@ -118,6 +118,9 @@ class WindowState:
     judge: Callable[[list[RequestRecord], float], str] | None = None
     # True once vLLM's gauges broke a server-side SLO inside the window.
     server_broke: Callable[[float], bool] | None = None
+    # True while vLLM's gauges leave a server-side SLO undecided for want of samples: the window
+    # measures on (up to max_requests or its time limit).
+    server_undecided: Callable[[], bool] | None = None
     next_check: int = 0
     next_early_check: int = EARLY_FAIL_REQUESTS
     completed: int = 0
@@ -204,7 +207,11 @@ class WindowState:
         """True when the window may close: no SLO to settle, a conclusive verdict, or max_requests."""
         n = len(self.measured)
         limit = self.settings.max_requests
-        if self.judge is None or limit is None or n >= limit:
+        if limit is None or n >= limit:
+            return True
+        if self.server_undecided is not None and self.server_undecided():
+            return False
+        if self.judge is None:
             return True
         if n < self.next_check:
             return False
@@ -276,11 +283,11 @@ def gauges_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None
         if not inside:
             return False
         kv = [x.kv_cache_usage for x in inside if x.kv_cache_usage is not None]
-        # The share of the window above the bound (replay.slo.max_rules), once it rests on enough samples.
+        # The share of the window above the bound (replay.slo.max_rules), once it would stay over the
+        # limit even on enough samples.
         kv_bound = bounds.get("kv_cache_usage_max")
-        if kv_bound is not None and len(kv) >= 1 / max_rules.KV_ABOVE_SHARE_LIMIT:
-            if sum(1 for u in kv if u > kv_bound) / len(kv) > max_rules.KV_ABOVE_SHARE_LIMIT:
-                return True
+        if kv_bound is not None and max_rules.kv_share_verdict(sum(1 for u in kv if u > kv_bound), len(kv)) == "fail":
+            return True
         waiting = [x.waiting for x in inside if x.waiting is not None]
         if "max_waiting" in bounds and waiting and max(waiting) > bounds["max_waiting"]:
             return True
@@ -292,6 +299,21 @@ def gauges_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None
         return False
 
     return broke
+
+
+def gauges_undecided(scraper: MetricsScraper | None, slo: Mapping[str, float] | None, state: WindowState) -> Callable[[], bool] | None:
+    """Whether the KV rule (replay.slo.max_rules) is still undecided on the window's samples so
+    far: some sample read the cache above the bound, but too few samples to call it a share."""
+    bound = (slo or {}).get("kv_cache_usage_max")
+    if scraper is None or bound is None:
+        return None
+
+    def undecided() -> bool:
+        if state.open_s is None:
+            return False
+        return max_rules.kv_undecided(max_rules.kv_usage_inside(scraper.samples, state.open_s), bound)
+
+    return undecided
 
 
 def slo_judge(spec, slo: Mapping[str, float], spread: Spread | None = None) -> Callable[[list[RequestRecord], float], str]:

@@ -76,3 +76,13 @@ def test_the_exceedance_test_counts_what_exceeded_and_what_the_test_allows():
     assert exceedance.exceedance_text(test) == f"8 of 400 above the bound (at most {test.allowed} allowed)"
     # Too small a sample for a finite upper rank: no test.
     assert exceedance.exceedance_test([1.0], 0.99, 20.0) is None
+
+
+def test_an_undecided_kv_rule_names_the_samples_it_was_judged_on():
+    step = outcome_step(8, passed=False, tps=1.0).model_copy(
+        update={
+            "slo_verdict": "inconclusive", "slo_verdicts": {"kv_cache_usage_max": "inconclusive"},
+            "kv_cache_above_share": 1 / 12, "kv_cache_samples": 12,
+        }
+    )
+    assert binding.undecided_notes(step) == ["kv_cache_usage_max: undecided on 1 of 12 samples above the bound"]
