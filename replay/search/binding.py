@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from replay.results import StepResult
+from replay.slo import max_rules
 
 UNDECIDED = ("inconclusive",)
 
@@ -53,9 +54,9 @@ def undecided_notes(step: StepResult) -> list[str]:
     n = measured_requests(step)
     notes = []
     for rule in undecided_rules(step):
-        if rule == "kv_cache_usage_max" and step.kv_cache_samples and step.kv_cache_above_share is not None:
+        above = max_rules.kv_samples_above(step) if rule == "kv_cache_usage_max" else None
+        if above is not None:
             # Judged on /metrics samples, not requests (replay.slo.max_rules).
-            above = round(step.kv_cache_above_share * step.kv_cache_samples)
             notes.append(f"{rule}: undecided on {above} of {step.kv_cache_samples} samples above the bound")
         else:
             notes.append(f"{rule}: undecided after {n} request{'s' if n != 1 else ''}")

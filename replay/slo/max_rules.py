@@ -118,10 +118,11 @@ def kv_usage_inside(samples: Sequence[Sample], open_s: float, close_s: float | N
 
 def kv_share_above(samples: Sequence[Sample], open_s: float, close_s: float, bound: float) -> float | None:
     """The share of KV-cache usage samples inside the window above `bound`; None without any."""
-    usage = kv_usage_inside(samples, open_s, close_s)
-    if not usage:
-        return None
-    return sum(1 for u in usage if u > bound) / len(usage)
+    return _share_above(kv_usage_inside(samples, open_s, close_s), bound)
+
+
+def _share_above(usage: Sequence[float], bound: float) -> float | None:
+    return sum(1 for u in usage if u > bound) / len(usage) if usage else None
 
 
 def kv_share_verdict(above: int, n: int) -> Verdict | None:
@@ -135,9 +136,16 @@ def kv_share_verdict(above: int, n: int) -> Verdict | None:
     return "fail" if above / max(n, KV_MIN_SAMPLES) > KV_ABOVE_SHARE_LIMIT else "inconclusive"
 
 
-def kv_undecided(usage: Sequence[float], bound: float) -> bool:
-    """Whether the window's KV samples so far leave the rule undecided for want of samples."""
-    return kv_share_verdict(sum(1 for u in usage if u > bound), len(usage)) == "inconclusive"
+def kv_verdict_on(usage: Sequence[float], bound: float) -> Verdict | None:
+    """The KV rule on a window's usage samples (so far, while it runs)."""
+    return kv_share_verdict(sum(1 for u in usage if u > bound), len(usage))
+
+
+def kv_samples_above(step: StepResult) -> int | None:
+    """How many of the step's KV samples read above the bound (None: the count was not kept)."""
+    if step.kv_cache_above_share is None or not step.kv_cache_samples:
+        return None
+    return round(step.kv_cache_above_share * step.kv_cache_samples)
 
 
 def figures(
@@ -160,8 +168,9 @@ def figures(
             out["preemptions_per_request"] = step.server.preemptions / n
             out["preemptions_per_request_ci95"] = [lo / n, hi / n]
     if "kv_cache_usage_max" in slo:
-        out["kv_cache_above_share"] = kv_share_above(samples, open_s, close_s, slo["kv_cache_usage_max"])
-        out["kv_cache_samples"] = len(kv_usage_inside(samples, open_s, close_s))
+        usage = kv_usage_inside(samples, open_s, close_s)
+        out["kv_cache_above_share"] = _share_above(usage, slo["kv_cache_usage_max"])
+        out["kv_cache_samples"] = len(usage)
     return out
 
 
@@ -181,11 +190,11 @@ def verdict(step: StepResult, key: str, bound: float) -> Verdict | None:
             return "pass"
         return "fail" if ci[0] > limit else "inconclusive"
     if key == "kv_cache_usage_max":
-        share, n = step.kv_cache_above_share, step.kv_cache_samples
+        share, above = step.kv_cache_above_share, kv_samples_above(step)
         if share is None:
             return None
-        if not n:
+        if above is None:
             # A result written before the sample count was kept: judged on the share alone.
             return "pass" if share <= KV_ABOVE_SHARE_LIMIT else "fail"
-        return kv_share_verdict(round(share * n), n)
+        return kv_share_verdict(above, step.kv_cache_samples)
     return None

@@ -143,9 +143,11 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
             "max_waiting": step.server.waiting_peak,
         }[key]
         judged = max_rules.verdict(step, key, bound)
-        if server_value is None and judged is not None:
-            # A peak no sample caught (samples_saw_no_work) beside a figure of the samples' own
-            # (the KV share above the bound): judged on that figure.
+        if judged is not None:
+            # Judged the same at any window length (replay.slo.max_rules), also where no sample caught
+            # the window's peak (samples_saw_no_work) but the samples' own figure (the KV share above
+            # the bound) stands; inconclusive is no violation of what was measured, and `verdicts`
+            # keeps it inconclusive.
             if judged == "fail":
                 violations.append(key)
         elif server_value is None:
@@ -154,11 +156,6 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
                 violations.append(key)
             else:
                 unverified.append(key)
-        elif judged is not None:
-            # Judged the same at any window length (replay.slo.max_rules); inconclusive is no violation
-            # of what was measured, and `verdicts` keeps it inconclusive.
-            if judged == "fail":
-                violations.append(key)
         elif server_value > bound:
             violations.append(key)
     return violations, unverified

@@ -282,11 +282,10 @@ def gauges_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None
         inside = [x for x in samples if x.t_s > state.open_s]
         if not inside:
             return False
-        kv = [x.kv_cache_usage for x in inside if x.kv_cache_usage is not None]
         # The share of the window above the bound (replay.slo.max_rules), once it would stay over the
         # limit even on enough samples.
         kv_bound = bounds.get("kv_cache_usage_max")
-        if kv_bound is not None and max_rules.kv_share_verdict(sum(1 for u in kv if u > kv_bound), len(kv)) == "fail":
+        if kv_bound is not None and max_rules.kv_verdict_on(max_rules.kv_usage_inside(inside, state.open_s), kv_bound) == "fail":
             return True
         waiting = [x.waiting for x in inside if x.waiting is not None]
         if "max_waiting" in bounds and waiting and max(waiting) > bounds["max_waiting"]:
@@ -308,10 +307,20 @@ def gauges_undecided(scraper: MetricsScraper | None, slo: Mapping[str, float] | 
     if scraper is None or bound is None:
         return None
 
+    # Asked at every finished request once the window could close: read again only when a sample
+    # came in (or the window opened), as gauges_broke does.
+    seen: tuple[int, float | None] | None = None
+    last = False
+
     def undecided() -> bool:
+        nonlocal seen, last
         if state.open_s is None:
             return False
-        return max_rules.kv_undecided(max_rules.kv_usage_inside(scraper.samples, state.open_s), bound)
+        key = (len(scraper.samples), state.open_s)
+        if key != seen:
+            seen = key
+            last = max_rules.kv_verdict_on(max_rules.kv_usage_inside(scraper.samples, state.open_s), bound) == "inconclusive"
+        return last
 
     return undecided
 
