@@ -181,7 +181,7 @@ def sweep_summary(results) -> list[str]:
     for p in results.points:
         lines += [f"  {p.id}: {line}" for line in disturbed_lines(p.steps, p.disturbed_concurrency, p.interference_allowed)]
     for p in results.points:
-        if (starts := pass_fit.describe_starts(p.steps)) is not None:
+        if (starts := pass_fit.describe_starts(p.steps, p.knee_fit_level)) is not None:
             lines.append(f"  {p.id}: {starts}")
     if results.fresh_server is not None:
         lines.append(fresh_summary(results.fresh_server))

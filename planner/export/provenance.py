@@ -28,7 +28,7 @@ from planner.vllm_args import flag_int
 from replay.slo import rules as slo_mod
 from replay.errors import SloSpecError
 from replay.results import ReplayResults
-from replay.search.pass_fit import level_of
+from replay.search.pass_fit import level_of, majority_knee
 from replay.search.verdicts import recommended_load
 
 # Where the container serves; the sweep's own host and port were this machine's.
@@ -189,11 +189,13 @@ def _from_sweep(source: Path, results: SweepResults, point_id: str | None) -> Me
         )
     where = f"{source.name} points[{p.id}]"
     headroom = results.settings.slo.headroom if results.settings.slo.headroom is not None else 0.0
-    read_at = (
-        f"knee_fit {p.knee_fit} (pass probability >= {level_of(p.knee_fit_level):g} over every step)"
-        if p.answer_basis == "knee_fit"
-        else f"max passing {p.max_passing_concurrency}"
-    )
+    if p.answer_basis == "start_majority" and p.start_knees:
+        knees = ", ".join(f"start {k}: {'-' if v is None else v}" for k, v in p.start_knees.items())
+        read_at = f"the knee that held on most server starts {majority_knee(list(p.start_knees.values()))} ({knees})"
+    elif p.answer_basis == "knee_fit":
+        read_at = f"knee_fit {p.knee_fit} (pass probability >= {level_of(p.knee_fit_level):g} over every step)"
+    else:
+        read_at = f"max passing {p.max_passing_concurrency}"
     safe = Figure(p.safe_concurrency, f"{where}.safe_concurrency = floor({read_at} x (1 - headroom {headroom:g}))")
     env = dict(getattr(results.settings.server, "env", None) or {})
     env.update({k: str(v) for k, v in (p.config.get("env") or {}).items()})

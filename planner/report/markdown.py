@@ -59,6 +59,13 @@ def _step_at(p: PointView, concurrency: int | None) -> StepResult | None:
 
 def _answer_basis(p: PointView) -> str:
     """Which load the answer was read at, in words (replay.search.verdicts.recommended_load)."""
+    if p.answer_basis == "start_majority" and p.start_knees:
+        knees = ", ".join(f"start {k} {num(v)}" for k, v in p.start_knees.items())
+        n = len(p.start_knees)
+        return (
+            f"{num(p.answer_load)}, the highest load that held on {n // 2 + 1} of {n} server starts, each start's"
+            f" knee fitted over its own steps ({knees})"
+        )
     if p.answer_basis == "knee_fit":
         level = pass_fit.level_of(p.knee_fit_level)
         return (
@@ -118,7 +125,7 @@ def _recommendation(data: ReportData) -> list[str]:
     band = pass_fit.describe(fitted)
     if band is not None:
         out.append(f"- From every step: {band}")
-    starts = pass_fit.describe_starts(best.steps)
+    starts = pass_fit.describe_starts(best.steps, best.knee_fit_level)
     if starts is not None:
         out.append(f"- {starts[0].upper()}{starts[1:]}")
     for line in pass_fit.little_margin(best.steps, data.slo or {}):

@@ -62,10 +62,16 @@ def pass_plot(p: PointView, slo: Mapping[str, float], path: Path, title: str) ->
         top.annotate(f"{q.passes}/{q.steps}", (q.concurrency, q.passes / q.steps), fontsize=7,
                      xytext=(0, 7), textcoords="offset points", ha="center")  # fmt: skip
     top.axhline(fitted.level, color="#444444", ls=":", lw=1.2, label=f"level {fitted.level:g}")
-    if fitted.knee_fit is not None:
+    answer = p.answer_load if p.answer_basis == "start_majority" else fitted.knee_fit
+    if answer is not None:
         for ax in (top, bottom):
-            ax.axvline(fitted.knee_fit, color=ANSWER_COLOR, ls="--", lw=1.5)
-        top.plot([], [], color=ANSWER_COLOR, ls="--", label=f"answer read at {fitted.knee_fit}")
+            ax.axvline(answer, color=ANSWER_COLOR, ls="--", lw=1.5)
+        if p.answer_basis == "start_majority" and p.start_knees:
+            n = len(p.start_knees)
+            label = f"answer read at {answer} (held on {n // 2 + 1} of {n} server starts)"
+        else:
+            label = f"answer read at {answer}"
+        top.plot([], [], color=ANSWER_COLOR, ls="--", label=label)
     if lo is not None and hi is not None and hi > lo:
         top.plot([], [], color=BAND_COLOR, alpha=0.3, lw=8, label=f"knee band {lo}-{hi}")
     top.set_ylim(-0.08, 1.15)

@@ -65,10 +65,12 @@ class PointView:
     # A point vLLM spread over nodes: where each rank ran (rank 0 first); empty on one node.
     ranks: tuple[NodeRank, ...] = ()
     # The knee read from every step (replay.search.pass_fit) at its pass-probability level, and the
-    # load the answer was read at: "knee_fit", or "max_passing" for files written before the fit.
+    # load the answer was read at: "knee_fit", "start_majority" (several server starts, each
+    # start's own knee in start_knees), or "max_passing" for files written before the fit.
     knee_fit: int | None = None
     knee_fit_level: float | None = None
     answer_basis: str | None = None
+    start_knees: dict[int, int | None] | None = None
 
     @property
     def load_mode(self) -> str:
@@ -92,7 +94,10 @@ class PointView:
 
     @property
     def answer_load(self) -> int | None:
-        """The load the answer was read at: knee_fit, or max passing in files written before the fit."""
+        """The load the answer was read at: knee_fit, the start majority, or max passing in files
+        written before the fit."""
+        if self.answer_basis == "start_majority" and self.start_knees:
+            return pass_fit.majority_knee(list(self.start_knees.values()))
         return self.knee_fit if self.answer_basis == "knee_fit" else self.max_passing
 
     @property
@@ -187,6 +192,7 @@ def _point(p: PointResult) -> PointView:
         knee_fit=p.knee_fit,
         knee_fit_level=p.knee_fit_level,
         answer_basis=p.answer_basis or ("max_passing" if p.safe_concurrency is not None else None),
+        start_knees=p.start_knees,
     )
 
 

@@ -271,10 +271,17 @@ class StrategySection(_Strict):
     # Search every searched point on this many starts of its server, pooling their steps: the
     # search on each later start goes on from the earlier starts' steps, and its answer must pass
     # again on that start (planner.sweep.point). An engine's speed can differ between starts (the
-    # CPU demo's 32M point answered 56, 45 and 46 on three), which no step on one start can see;
-    # 2 or more makes the answer hold on each start, at the cost of a start-up and a few steps
-    # per extra start. Predicted, verified and dominated points run on one start.
+    # CPU demo's 32M point answered 56, 45 and 46 on three), which no step on one start can see.
+    # With 2 or more, each start's own knee is fitted over its own steps, and the answer is the
+    # load that held on more than half of the starts (on two, on both), at the cost of a start-up
+    # and a few steps per extra start. Predicted, verified and dominated points run on one start.
     server_starts: int = Field(default=1, ge=1, le=5)
+    # Up to this many more starts while the starts' own knees lie more than one precision step
+    # apart ([replay] precision): each searches on its own steps from the highest of the earlier
+    # knees down, and the majority settles the answer. With server_starts = 2, one more start
+    # turns "what held on both" into "what held on two of three", so one start whose engine ran
+    # slower no longer sets the answer alone; the report names it with its own knee.
+    tie_break_starts: int = Field(default=0, ge=0, le=4)
 
     @field_validator("memory_only_flags")
     @classmethod
@@ -288,6 +295,16 @@ class StrategySection(_Strict):
                 raise ValueError(f"{key} decides how many GPUs run a step, so it changes a step's speed; it cannot be memory-only")
             out.append(key)
         return out
+
+    @model_validator(mode="after")
+    def _tie_break_needs_starts(self) -> StrategySection:
+        if self.tie_break_starts and self.server_starts < 2:
+            raise ValueError(
+                f"tie_break_starts = {self.tie_break_starts} settles a disagreement between server starts, and"
+                f" server_starts = {self.server_starts} gives only one; set server_starts = 2 (or more), or"
+                " tie_break_starts = 0"
+            )
+        return self
 
 
 class CostSection(_Strict):

@@ -102,5 +102,7 @@ def fingerprint(
     if settings.sweep.server_starts != 1:
         # Only when set, so that results written before the key keep their fingerprints.
         payload["server_starts"] = settings.sweep.server_starts
+    if settings.sweep.tie_break_starts:
+        payload["tie_break_starts"] = settings.sweep.tie_break_starts
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

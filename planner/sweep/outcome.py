@@ -12,7 +12,7 @@ from planner.capacity import Failure
 from planner.sweep.results import INFEASIBLE_KINDS, Best, PointResult, PointStatus
 from replay.results import StepResult
 from replay.search import binding as binding_mod
-from replay.search.pass_fit import DEFAULT_LEVEL
+from replay.search.pass_fit import DEFAULT_LEVEL, start_knees
 from replay.search.verdicts import knee, knee_fields, recommended_load
 
 UPPER_BOUND_CONSTRAINT = "kv_capacity_bound"
@@ -54,7 +54,8 @@ def conclude(
     r.confirmed, r.knee_interval = knee(r.steps)
     for name, value in knee_fields(r.steps, knee_level).items():
         setattr(r, name, value)
-    base, r.answer_basis = recommended_load(lo, r.knee_fit, bool(r.pass_probability))
+    r.start_knees = start_knees(r.steps, knee_level)
+    base, r.answer_basis = recommended_load(lo, r.knee_fit, bool(r.pass_probability), r.start_knees)
     r.safe_concurrency = safe_concurrency(base, headroom)
     r.gpus = gpus
     if r.safe_concurrency is not None:

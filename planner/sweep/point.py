@@ -62,7 +62,8 @@ from replay.prefix.bound import (
 )
 from replay.prefix.tokens import TOKENIZE_WORKERS, prompt_blocks, token_counts
 from replay.results import StepResult
-from replay.run.runner import Replay, SearchOutcome
+from replay.run.runner import Replay, SearchOutcome, pooled_outcome
+from replay.search.pass_fit import starts_disagree
 from replay.search.policy import bracket
 from replay.search.verdicts import concurrency_history
 from replay.step.environment import CpuProbe, WindowProbe
@@ -218,12 +219,24 @@ class PointRunner:
             )
         return None
 
-    def _another_start(self) -> bool:
-        """Whether the point is searched on one more start of its server ([sweep] server_starts):
-        only a point whose search found a passing concurrency; one predicted, verified or
-        dominated by the adaptive strategy ran no search to pool."""
+    def _another_start(self, index: int) -> bool:
+        """Whether the point is searched on start `index` of its server ([sweep] server_starts,
+        then tie_break_starts while the starts' own knees disagree): only a point whose search
+        found a passing concurrency; one predicted, verified or dominated by the adaptive
+        strategy ran no search to pool."""
         r = self.result
-        return r.status == "ok" and r.answer_source == "searched" and r.max_passing_concurrency is not None
+        if not (r.status == "ok" and r.answer_source == "searched" and r.max_passing_concurrency is not None):
+            return False
+        sweep = self.ctx.settings.sweep
+        if index <= sweep.server_starts:
+            return True
+        if index > sweep.server_starts + sweep.tie_break_starts or not r.start_knees:
+            return False
+        return starts_disagree(list(r.start_knees.values()), self.ctx.settings.replay.precision)
+
+    def _tie_break(self) -> bool:
+        """Whether the start now running settles a disagreement ([sweep] tie_break_starts)."""
+        return self.start_index is not None and self.start_index > self.ctx.settings.sweep.server_starts
 
     async def run(self) -> None:
         r = self.result
@@ -237,14 +250,14 @@ class PointRunner:
         starts = self.ctx.settings.sweep.server_starts
         self.server = server
         try:
-            for index in range(1, starts + 1):
+            index = 1
+            while index == 1 or self._another_start(index):
                 if index > 1:
-                    if not self._another_start():
-                        break
                     r.status = "running"
                     self.save()
                 self.start_index = index if starts > 1 else None
                 await self._start_and_measure(server if index == 1 else None)
+                index += 1
         except ServerStartFailed as exc:
             r.status = ended_status(exc.failure)
             r.failure = exc.failure
@@ -457,7 +470,12 @@ class PointRunner:
                 step_monitor=monitor,
                 probes=probes,
             )
-            if later_start:
+            if self._tie_break():
+                # The starts disagree: this one searches on its own steps, from the highest of their
+                # knees down; one pass there is its answer (replay.search.pass_fit.majority_knee).
+                top = max(k for k in (r.start_knees or {}).values() if k is not None)
+                search = asyncio.create_task(replay.search(start=top, upper=top, confirm=False))
+            elif later_start:
                 # The earlier starts' steps, pooled: the search goes on from them (replay.search.policy).
                 replay.steps = list(r.steps)
                 search = asyncio.create_task(replay.search(start=upper, upper=upper, pooled=len(r.steps)))
@@ -488,6 +506,11 @@ class PointRunner:
                 self._server_hung(server, watch.result())
                 return
             outcome = search.result()
+        if self._tie_break():
+            # Its own search's bracket is one start's: the point's is every start's, pooled.
+            budget_exhausted = r.budget_exhausted or outcome.budget_exhausted
+            outcome = pooled_outcome(r.steps)
+            outcome.budget_exhausted = budget_exhausted
         r.unresolved_concurrency = outcome.unresolved
         r.disturbed_concurrency = outcome.disturbed
         r.interference_allowed = settings.replay.allow_interference

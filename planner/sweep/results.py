@@ -225,11 +225,18 @@ class PointResult(ResultModel):
     # The lowest concurrency that failed or was inconclusive.
     min_failing_concurrency: int | None = None
     # floor(base x (1 - headroom)), base being the load answer_basis names: knee_fit (the knee
-    # read from every step) in files written since the fit; max_passing_concurrency in older ones.
+    # read from every step) in files written since the fit; the start majority for a point
+    # measured on several server starts; max_passing_concurrency in older files.
     safe_concurrency: int | None = None
-    # Which load safe_concurrency was read at: "knee_fit" or "max_passing" (the search's highest
-    # pass below its lowest failure). Absent in files written before the fit: max_passing.
-    answer_basis: Literal["knee_fit", "max_passing"] | None = None
+    # Which load safe_concurrency was read at: "knee_fit"; "start_majority" (the load that held on
+    # more than half of the server starts, each start's own knee in start_knees); or "max_passing"
+    # (the search's highest pass below its lowest failure). Absent in files written before the
+    # fit: max_passing.
+    answer_basis: Literal["knee_fit", "start_majority", "max_passing"] | None = None
+    # Each server start's own knee, by start ("1", "2", ...): the fit over that start's steps alone
+    # ([sweep] server_starts). Null for a point measured on one start, and in files written before
+    # the majority: their answer is knee_fit over the starts' steps pooled.
+    start_knees: dict[int, int | None] | None = None
     # GPUs the point holds: tensor_parallel_size x pipeline_parallel_size.
     gpus: int = 1
     # The GPUs it ran on (CUDA_VISIBLE_DEVICES).

@@ -142,12 +142,16 @@ class Replay:
         for load in planned_loads(self.settings):
             await self.step(load)
 
-    async def search(self, *, start: int, upper: int | None, pooled: int = 0) -> SearchOutcome:
+    async def search(
+        self, *, start: int, upper: int | None, pooled: int = 0, confirm: bool | None = None
+    ) -> SearchOutcome:
         """The search from `start` (a capacity bound, or the saturation probe's count), capped by
         `upper`, within [replay] point_budget_s. `pooled`: how many of `self.steps` an earlier
         server start of the point measured (planner.sweep.point); the search goes on from them,
-        and its highest pass must pass again on this start."""
+        and its highest pass must pass again on this start. `confirm` overrides [replay]
+        confirm_knee (a tie-break start's one pass at the others' knee is its answer there)."""
         settings = self.settings
+        confirm = settings.confirm_knee if confirm is None else confirm
         began = time.perf_counter()
         budget = settings.point_budget_s
         history = concurrency_history(self.steps, self.slo)
@@ -155,7 +159,7 @@ class Replay:
         outcome = SearchOutcome()
         while (
             n := next_probe(
-                history, start=start, upper=upper, rel_precision=settings.precision, confirm=settings.confirm_knee,
+                history, start=start, upper=upper, rel_precision=settings.precision, confirm=confirm,
                 disturbed_retries=settings.disturbed_retries, confirm_from=confirm_from,
             )
         ) is not None:
@@ -176,16 +180,14 @@ class Replay:
             if self.observer is not None:
                 eta = search_eta_s(
                     self.steps, history, n,
-                    min_requests=window.min_requests, rel_precision=settings.precision, confirm=settings.confirm_knee,
+                    min_requests=window.min_requests, rel_precision=settings.precision, confirm=confirm,
                 )
                 self.observer.probe_planned(n, eta)
             result = await self.step(Concurrency(n), window)
             history.append(probe_of(result, self.slo))
-        b = bracket(history)
-        outcome.max_passing, outcome.min_failing = b.max_passing, b.min_failing
-        outcome.unresolved = [c for c in unresolved(history) if b.min_failing is None or c < b.min_failing]
-        outcome.disturbed = disturbed(history)
-        return outcome
+        ended = outcome_of(history)
+        ended.budget_exhausted = outcome.budget_exhausted
+        return ended
 
 
 @dataclass
@@ -197,6 +199,22 @@ class SearchOutcome:
     # Concurrencies whose every step was disturbed (replay.step.environment).
     disturbed: list[int] = field(default_factory=list)
     budget_exhausted: bool = False
+
+
+def outcome_of(history: list) -> SearchOutcome:
+    """What a search's steps (as probes) bracket, and the loads they left unresolved or disturbed."""
+    b = bracket(history)
+    return SearchOutcome(
+        max_passing=b.max_passing,
+        min_failing=b.min_failing,
+        unresolved=[c for c in unresolved(history) if b.min_failing is None or c < b.min_failing],
+        disturbed=disturbed(history),
+    )
+
+
+def pooled_outcome(steps: list[StepResult]) -> SearchOutcome:
+    """`outcome_of` every closed-loop step of `steps`: a point's several server starts together."""
+    return outcome_of(concurrency_history(steps))
 
 
 async def search_start(replay: Replay, settings: ReplaySettings) -> tuple[int, str]:

@@ -15,8 +15,11 @@ a Wilson 95% interval on the pooled weight.
   pass]. Between them the steps disagree or fail; when they agree the band is one load wide.
 - `contested`: loads that both passed and did not pass. They are shown, never hidden: a load
   that failed once and passed once is not "the lowest conclusive fail" without its pass.
-- `describe_starts`: for a point searched on several server starts, what each start's own steps
-  bracket: an engine whose speed differs between starts shows it there.
+- `start_knees`, `majority_knee`, `starts_disagree`, `describe_starts`: for a point searched on
+  several server starts ([sweep] server_starts), each start's own knee (the same fit over that
+  start's steps), and the answer as the load that held on more than half of the starts. An engine
+  whose speed differs between starts shows it there; where two starts disagree by more than one
+  precision step, one more start ([sweep] tie_break_starts) settles the answer by majority.
 - `rare_event_margin`: the strict `max_preemptions = 0` rule where it capped the answer, from the
   preemption rate pooled over the steps at and above the load that broke it. A step passes that
   rule when no preemption came in its first `EXPOSURE_REQUESTS` measured requests, a trial that
@@ -150,21 +153,57 @@ def describe(fit: KneeFit) -> str | None:
     return f"knee {band}: {parts}; {answer}{contested}"
 
 
-def describe_starts(steps: Sequence[StepResult]) -> str | None:
-    """One line for a point searched on several server starts ([sweep] server_starts): what each
-    start's own steps bracket, "server starts: 1 passed up to 56, failed at 57 (4 steps); 2
-    passed up to 45, failed at 49 (6 steps); the answer pools them"; None for one start."""
+def start_knees(steps: Sequence[StepResult], level: float | None = None) -> dict[int, int | None] | None:
+    """Each server start's own knee ([sweep] server_starts): the fit over that start's steps
+    alone, by start; None for a point measured on one start."""
     starts = sorted({s.server_start for s in steps if s.server_start is not None})
     if len(starts) < 2:
         return None
+    return {start: fit([s for s in steps if s.server_start == start], level).knee_fit for start in starts}
+
+
+def majority_knee(knees: Sequence[int | None]) -> int | None:
+    """The highest load that held on more than half of the starts: with the starts' own knees in
+    descending order, the (n // 2 + 1)th. Two starts must both hold it (the lower knee); three
+    answer with the middle one, so one start whose engine ran slower, or faster, does not move
+    it. A start without a knee (nothing reached the level) counts below every load."""
+    if not knees:
+        return None
+    ordered = sorted(knees, key=lambda k: -1 if k is None else k, reverse=True)
+    return ordered[len(knees) // 2]
+
+
+def starts_disagree(knees: Sequence[int | None], rel_precision: float) -> bool:
+    """Whether the starts' own knees lie more than one precision step apart (the search's own
+    resolution): no start can then speak for the others, and another start settles it."""
+    if len(knees) < 2:
+        return False
+    if any(k is None for k in knees):
+        return any(k is not None for k in knees)
+    lo, hi = min(knees), max(knees)  # type: ignore[type-var]
+    return hi - lo > max(1, math.ceil(rel_precision * lo))
+
+
+def describe_starts(steps: Sequence[StepResult], level: float | None = None) -> str | None:
+    """One line for a point searched on several server starts ([sweep] server_starts): what each
+    start's own steps bracket and its own knee, and the load that held on most of them, "server
+    starts: 1 passed up to 56, failed at 57 (4 steps, knee 56); 2 passed up to 45, failed at 49
+    (6 steps, knee 45); the answer is what held on 2 of 2: 45"; None for one start."""
+    knees = start_knees(steps, level)
+    if knees is None:
+        return None
     parts = []
-    for start in starts:
+    for start, knee in knees.items():
         own = trials([s for s in steps if s.server_start == start])
         own_bracket = bracket([Probe(c, v) for c, v in own])
         up_to = f"passed up to {own_bracket.max_passing}" if own_bracket.max_passing is not None else "passed nothing"
         above = f", failed at {own_bracket.min_failing}" if own_bracket.min_failing is not None else ", nothing above tried"
-        parts.append(f"{start} {up_to}{above} ({len(own)} step{'' if len(own) == 1 else 's'})")
-    return "server starts: " + "; ".join(parts) + "; the answer pools them"
+        steps_n = f"{len(own)} step{'' if len(own) == 1 else 's'}"
+        parts.append(f"{start} {up_to}{above} ({steps_n}, knee {'-' if knee is None else knee})")
+    n = len(knees)
+    answer = majority_knee(list(knees.values()))
+    held = f"{answer}" if answer is not None else "no load"
+    return f"server starts: {'; '.join(parts)}; the answer is what held on {n // 2 + 1} of {n}: {held}"
 
 
 def little_margin(steps: Sequence[StepResult], slo: Mapping[str, float]) -> list[str]:

@@ -45,12 +45,18 @@ def knee(steps: list[StepResult]) -> tuple[bool, list[int | None]]:
     return (lo is not None and is_confirmed(history, lo)), knee_interval(verdicts)
 
 
-def recommended_load(max_passing: int | None, knee_fit: int | None, fitted: bool) -> tuple[int | None, str]:
+def recommended_load(
+    max_passing: int | None, knee_fit: int | None, fitted: bool, start_knees: dict[int, int | None] | None = None
+) -> tuple[int | None, str]:
     """The load a recommendation takes its headroom from, and which it is: the knee read from
     every step (`knee_fit`: the highest measured load whose fitted pass probability is at the
     configured level) whenever the point's steps were fitted, so that one lucky or unlucky step
     does not move the answer; the search's own `max_passing` for a file written before the fit
-    (`fitted` false). A fit that found no load at its level recommends nothing."""
+    (`fitted` false). A fit that found no load at its level recommends nothing. A point measured
+    on several server starts (`start_knees`: each start's own knee) answers with the load that
+    held on more than half of them ("start_majority", replay.search.pass_fit.majority_knee)."""
+    if start_knees:
+        return pass_fit.majority_knee(list(start_knees.values())), "start_majority"
     if fitted:
         return knee_fit, "knee_fit"
     return max_passing, "max_passing"

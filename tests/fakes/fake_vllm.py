@@ -55,7 +55,8 @@ ready, the server dies with os._exit(FAKE_VLLM_DIE_EXIT_CODE, default 1)); FAKE_
 (the same once N completion requests have arrived: unlike a time, independent of machine load);
 FAKE_VLLM_IGNORE_SIGTERM=1 (both processes ignore SIGTERM, so only SIGKILL stops them);
 FAKE_VLLM_STARTS_FILE with FAKE_VLLM_SLOWER_FROM_START = "N:F" (each start adds a line to the file;
-from the Nth start on, inter-token latency is F times longer: an answer that depends on one start).
+from the Nth start on, inter-token latency is F times longer: an answer that depends on one start),
+or "N-M:F" (only the Nth to the Mth start are slower: one slow start among normal ones).
 
 Faults that begin once FAKE_VLLM_FAULT_AFTER_REQUESTS (default 0) completion requests have arrived,
 named by FAKE_VLLM_FAULT (the fault catalogue's, docs/reference/faults.md):
@@ -236,7 +237,8 @@ while time.monotonic() - started < {ENGINE_MAX_LIFE_S}:
 
 
 def _start_factor() -> float:
-    """FAKE_VLLM_SLOWER_FROM_START = "N:F": F from the Nth start counted in FAKE_VLLM_STARTS_FILE."""
+    """FAKE_VLLM_SLOWER_FROM_START = "N:F": F from the Nth start counted in FAKE_VLLM_STARTS_FILE;
+    "N-M:F": F on the Nth to the Mth start only."""
     path, rule = os.environ.get("FAKE_VLLM_STARTS_FILE"), os.environ.get("FAKE_VLLM_SLOWER_FROM_START")
     if not path or not rule:
         return 1.0
@@ -244,8 +246,10 @@ def _start_factor() -> float:
         f.write("start\n")
         f.seek(0)
         starts = len(f.read().splitlines())
-    nth, factor = rule.split(":")
-    return float(factor) if starts >= int(nth) else 1.0
+    span, factor = rule.split(":")
+    first, _, last = span.partition("-")
+    slower = starts >= int(first) and (not last or starts <= int(last))
+    return float(factor) if slower else 1.0
 
 
 def _env_float(name: str, default: float) -> float:

@@ -253,25 +253,32 @@ def test_a_point_across_nodes_is_refused_by_a_local_sweep_without_a_launch(tmp_p
     assert code == 0, "the sweep ran; its verdict is that no configuration passed"
 
 
+def starts_config(tmp_path, starts, *, slower: str, sweep: dict):
+    """A point whose fake server counts its starts in `starts` and runs ITL slower on the starts
+    `slower` names (FAKE_VLLM_SLOWER_FROM_START): at its own speed it answers 5 against TPOT p50
+    150 ms (about 140 ms there), at 1.3x it answers 3."""
+    return write_sweep_config(
+        tmp_path,
+        corpus=write_corpus(tmp_path / "corpus.jsonl"),
+        env={
+            "FAKE_VLLM_ITL_S": "0.04", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005",
+            "FAKE_VLLM_STARTS_FILE": str(starts), "FAKE_VLLM_SLOWER_FROM_START": slower,
+        },
+        grid={"max_model_len": [2048]},
+        extra={"kv_cache_memory_bytes": ["4M"]},
+        replay={"start_concurrency": 4, "min_requests": 30, "max_window_s": 60, "request_timeout_s": 30},
+        slo={"tpot_p50_ms": 150, "error_rate": 0, "max_preemptions": 0, "headroom": 0.2},
+        more={"sweep": {**sweep, "confirm_fresh_server": False}},
+    )  # fmt: skip
+
+
 @pytest.mark.timeout(300)
 def test_a_point_searched_on_two_server_starts_answers_what_holds_on_both(tmp_path, capsys):
     # [sweep] server_starts = 2, and the second start is slower (ITL x 1.3): the first start
     # answers 5 (TPOT p50 about 140 ms against 150), the second fails 5 (182 ms) and goes on below
     # it from the pooled steps to its own knee, 3 (52 ms x 2.5 = 130 ms; 4 reads 156 ms).
     starts = tmp_path / "starts"
-    cfg = write_sweep_config(
-        tmp_path,
-        corpus=write_corpus(tmp_path / "corpus.jsonl"),
-        env={
-            "FAKE_VLLM_ITL_S": "0.04", "FAKE_VLLM_ITL_GROWTH": "0.5", "FAKE_VLLM_TTFT_S": "0.005",
-            "FAKE_VLLM_STARTS_FILE": str(starts), "FAKE_VLLM_SLOWER_FROM_START": "2:1.3",
-        },
-        grid={"max_model_len": [2048]},
-        extra={"kv_cache_memory_bytes": ["4M"]},
-        replay={"start_concurrency": 4, "min_requests": 30, "max_window_s": 60, "request_timeout_s": 30},
-        slo={"tpot_p50_ms": 150, "error_rate": 0, "max_preemptions": 0, "headroom": 0.2},
-        more={"sweep": {"server_starts": 2, "confirm_fresh_server": False}},
-    )  # fmt: skip
+    cfg = starts_config(tmp_path, starts, slower="2:1.3", sweep={"server_starts": 2})
     out = tmp_path / "out"
     assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
     assert len(starts.read_text().splitlines()) == 2
@@ -290,6 +297,35 @@ def test_a_point_searched_on_two_server_starts_answers_what_holds_on_both(tmp_pa
     line = f"{point.id}: server starts: 1 passed up to 5, failed at 6"
     assert line in capsys.readouterr().out
     assert "- Server starts: 1 passed up to 5" in (out / "report.md").read_text()
+    assert fake_vllm_processes(cfg) == []
+
+
+@pytest.mark.timeout(400)
+def test_starts_that_disagree_are_settled_by_one_more_start(tmp_path, capsys):
+    # [sweep] server_starts = 2 and tie_break_starts = 1; only the second start is slower (ITL x
+    # 1.3). The first answers 5, the second 3: two precision steps apart, so a third start
+    # searches from 5 on its own steps, passes there, and 5 held on two of three starts.
+    starts = tmp_path / "starts"
+    cfg = starts_config(tmp_path, starts, slower="2-2:1.3", sweep={"server_starts": 2, "tie_break_starts": 1})
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(cfg), "--output", str(out)]) == 0
+    assert len(starts.read_text().splitlines()) == 3
+    (point,) = SweepResults.model_validate_json((out / "sweep.json").read_text()).points
+    assert point.status == "ok"
+    third = [s for s in point.steps if s.server_start == 3]
+    assert [(int(s.load.value), s.slo_pass) for s in third] == [(5, True)]
+    assert point.start_knees == {1: 5, 2: 3, 3: 5}
+    # The pooled fit still reads the slow start's failures; the answer is the majority's.
+    assert point.knee_fit == 3 and point.answer_basis == "start_majority"
+    assert point.safe_concurrency == 4
+    # The pooled bracket: 5 failed on the second start.
+    assert point.max_passing_concurrency == 3 and point.min_failing_concurrency == 4
+    assert (out / "points" / point.id / "server-start3.log").exists()
+    assert "3 passed up to 5, nothing above tried (1 step, knee 5); the answer is what held on 2 of 3: 5" in capsys.readouterr().out
+    report = (out / "report.md").read_text()
+    assert "- Answer read at: 5, the highest load that held on 2 of 3 server starts" in report
+    reread = SweepResults.model_validate_json((out / "sweep.json").read_text())
+    assert reread.points[0].start_knees == {1: 5, 2: 3, 3: 5}
     assert fake_vllm_processes(cfg) == []
 
 

@@ -140,9 +140,43 @@ def test_each_server_starts_own_bracket_is_shown_beside_the_pooled_answer():
     second = [on(2, 56, "fail"), on(2, 53, "fail"), on(2, 45, "pass"), on(2, 49, "inconclusive"), on(2, 45, "pass")]
     assert describe_starts(first) is None
     assert describe_starts(first + second) == (
-        "server starts: 1 passed up to 56, failed at 57 (4 steps); 2 passed up to 45, failed at 49 (5 steps);"
-        " the answer pools them"
+        "server starts: 1 passed up to 56, failed at 57 (4 steps, knee 56); 2 passed up to 45, failed at 49"
+        " (5 steps, knee 45); the answer is what held on 2 of 2: 45"
     )
     assert fit(first + second).knee_fit == 45
     # One start's steps alone, or steps written before the field: no line.
     assert describe_starts([make_step()]) is None
+
+
+def test_the_answer_over_server_starts_is_what_held_on_most_of_them():
+    from replay.search.pass_fit import describe_starts, majority_knee, start_knees, starts_disagree
+
+    def on(start, c, verdict):
+        return make_step(load=LoadSpec(mode="concurrency", value=c), slo_pass=verdict == "pass", slo_verdict=verdict, server_start=start)
+
+    # The demo's run at cd9629b: start 2 ran slower (TPOT p90 49.8 ms at 51 where start 1 read
+    # 21.6-26), and a third start passes at start 1's knee.
+    first = [on(1, 59, "fail"), on(1, 56, "fail"), on(1, 51, "pass"), on(1, 54, "pass"), on(1, 54, "fail"),
+             on(1, 52, "fail"), on(1, 51, "pass")]  # fmt: skip
+    second = [on(2, 51, "fail"), on(2, 48, "inconclusive"), on(2, 45, "inconclusive"), on(2, 40, "unresolved"),
+              on(2, 40, "inconclusive"), on(2, 36, "pass"), on(2, 38, "pass"), on(2, 39, "pass"), on(2, 39, "pass")]  # fmt: skip
+    third = [on(3, 51, "pass")]
+    assert start_knees(first) is None
+    assert start_knees(first + second) == {1: 51, 2: 39}
+    assert starts_disagree([51, 39], 0.05), "12 apart, where one precision step at 39 is 2"
+    assert not starts_disagree([51, 50], 0.05) and not starts_disagree([40, 42], 0.05)
+    assert starts_disagree([51, None], 0.05) and not starts_disagree([None, None], 0.05)
+    # Two starts must both hold it; three answer with the middle knee, whichever start is slow.
+    assert majority_knee([51, 39]) == 39
+    assert start_knees(first + second + third) == {1: 51, 2: 39, 3: 51}
+    assert majority_knee([51, 39, 51]) == 51 and majority_knee([39, 51, 45]) == 45 and majority_knee([39, 38, 51]) == 39
+    # A start where nothing reached the level counts below every load; four need three.
+    assert majority_knee([51, None, 50]) == 50 and majority_knee([None, None, 50]) is None
+    assert majority_knee([51, 50, 39, 48]) == 48 and majority_knee([]) is None
+    # The pooled fit alone would answer with the slow start's knee.
+    assert fit(first + second + third).knee_fit == 39
+    assert describe_starts(first + second + third) == (
+        "server starts: 1 passed up to 51, failed at 52 (7 steps, knee 51); 2 passed up to 39, failed at 40"
+        " (8 steps, knee 39); 3 passed up to 51, nothing above tried (1 step, knee 51); the answer is what"
+        " held on 2 of 3: 51"
+    )

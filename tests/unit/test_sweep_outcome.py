@@ -161,3 +161,29 @@ def test_a_point_without_closed_loop_steps_keeps_the_searchs_own_answer():
     assert recommended_load(12, None, fitted=False) == (12, "max_passing")
     assert recommended_load(12, 10, fitted=True) == (10, "knee_fit")
     assert recommended_load(12, None, fitted=True) == (None, "knee_fit")
+
+
+def test_a_point_on_several_server_starts_answers_with_what_held_on_most_of_them():
+    from replay.search.verdicts import recommended_load
+
+    assert recommended_load(39, 39, fitted=True, start_knees={1: 51, 2: 39, 3: 50}) == (50, "start_majority")
+    assert recommended_load(39, 39, fitted=True, start_knees={1: 51, 2: 39}) == (39, "start_majority")
+    assert recommended_load(39, 39, fitted=True, start_knees=None) == (39, "knee_fit")
+
+    def on(start, c, passed):
+        s = step(c, passed, 100.0)
+        s.slo_verdict, s.server_start = "pass" if passed else "fail", start
+        return s
+
+    r = PointResult(id="p", config={}, command=[], status="running", fingerprint="f")
+    r.steps = [on(1, 12, False), on(1, 10, True), on(1, 11, False), on(1, 10, True),
+               on(2, 10, False), on(2, 8, True), on(2, 9, False), on(2, 8, True), on(3, 10, True)]  # fmt: skip
+    conclude(r, 8, 9, upper=16, limit=None, gpus=1, headroom=0.1, gpu_totals_mib={})
+    assert r.start_knees == {1: 10, 2: 8, 3: 10}
+    assert r.knee_fit == 8, "the pooled fit reads the slow start's failures at 9 and 10"
+    assert r.answer_basis == "start_majority" and r.safe_concurrency == 9
+    # One start: the pooled fit, as before.
+    single = PointResult(id="p", config={}, command=[], status="running", fingerprint="f")
+    single.steps = [s.model_copy(update={"server_start": None}) for s in r.steps[:4]]
+    conclude(single, 10, 11, upper=16, limit=None, gpus=1, headroom=0.1, gpu_totals_mib={})
+    assert single.start_knees is None and single.answer_basis == "knee_fit" and single.safe_concurrency == 9
