@@ -72,9 +72,20 @@ def pass_plot(p: PointView, slo: Mapping[str, float], path: Path, title: str) ->
         else:
             label = f"answer read at {answer}"
         top.plot([], [], color=ANSWER_COLOR, ls="--", label=label)
+    if p.start_knees:
+        # Each server start's own knee, so that a start that ran slower (or faster) shows.
+        by_knee: dict[int, list[int]] = {}
+        for start, knee in p.start_knees.items():
+            if knee is not None:
+                by_knee.setdefault(knee, []).append(start)
+        top.scatter(list(by_knee), [1.11] * len(by_knee), marker="v", color="#7f7f7f", s=36, zorder=5,
+                    label="each server start's own knee (s1, s2, ...)")  # fmt: skip
+        for knee, starts in by_knee.items():
+            top.annotate(", ".join(f"s{n}" for n in starts), (knee, 1.11), fontsize=7, xytext=(6, -3),
+                         textcoords="offset points")  # fmt: skip
     if lo is not None and hi is not None and hi > lo:
         top.plot([], [], color=BAND_COLOR, alpha=0.3, lw=8, label=f"knee band {lo}-{hi}")
-    top.set_ylim(-0.08, 1.15)
+    top.set_ylim(-0.08, 1.17)
     top.set_ylabel("pass probability", fontsize=10)
     top.set_title(title, fontsize=12)
     top.grid(True, alpha=0.3)
