@@ -234,6 +234,13 @@ class PointRunner:
             return False
         return starts_disagree(list(r.start_knees.values()), self.ctx.settings.replay.precision)
 
+    def _start_name(self) -> str:
+        """"start 2 of 2", or "start 3 (tie-break)" for one that settles a disagreement."""
+        starts = self.ctx.settings.sweep.server_starts
+        if self._tie_break():
+            return f"start {self.start_index} (tie-break, [sweep] tie_break_starts)"
+        return f"start {self.start_index} of {starts}"
+
     def _tie_break(self) -> bool:
         """Whether the start now running settles a disagreement ([sweep] tie_break_starts)."""
         return self.start_index is not None and self.start_index > self.ctx.settings.sweep.server_starts
@@ -310,7 +317,7 @@ class PointRunner:
                 return
             except ServerStartFailed as exc:
                 if self.start_index is not None and self.start_index > 1:
-                    exc.failure.message = f"start {self.start_index} of {self.ctx.settings.sweep.server_starts}: {exc.failure.message}"
+                    exc.failure.message = f"{self._start_name()}: {exc.failure.message}"
                 note = self._taken_port_note(exc.failure, server)
                 if note is None or attempt + 1 == attempts:
                     raise
