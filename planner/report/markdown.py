@@ -63,7 +63,7 @@ def _answer_basis(p: PointView) -> str:
         knees = ", ".join(f"start {k} {num(v)}" for k, v in p.start_knees.items())
         n = len(p.start_knees)
         return (
-            f"{num(p.answer_load)}, the highest load that held on {n // 2 + 1} of {n} server starts, each start's"
+            f"{num(p.answer_load)}, the highest load that held on {pass_fit.majority_count(n)} of {n} server starts, each start's"
             f" knee fitted over its own steps ({knees})"
         )
     if p.answer_basis == "knee_fit":

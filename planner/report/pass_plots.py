@@ -68,7 +68,7 @@ def pass_plot(p: PointView, slo: Mapping[str, float], path: Path, title: str) ->
             ax.axvline(answer, color=ANSWER_COLOR, ls="--", lw=1.5)
         if p.answer_basis == "start_majority" and p.start_knees:
             n = len(p.start_knees)
-            label = f"answer read at {answer} (held on {n // 2 + 1} of {n} server starts)"
+            label = f"answer read at {answer} (held on {pass_fit.majority_count(n)} of {n} server starts)"
         else:
             label = f"answer read at {answer}"
         top.plot([], [], color=ANSWER_COLOR, ls="--", label=label)

@@ -156,7 +156,7 @@ class Replay:
         budget = settings.point_budget_s
         history = concurrency_history(self.steps, self.slo)
         confirm_from = len(concurrency_history(self.steps[:pooled]))
-        outcome = SearchOutcome()
+        budget_exhausted = False
         while (
             n := next_probe(
                 history, start=start, upper=upper, rel_precision=settings.precision, confirm=confirm,
@@ -166,7 +166,7 @@ class Replay:
             window = self.settings.window(self.slo)
             left = None if budget is None else budget - (time.perf_counter() - began)
             if left is not None and left <= 0:
-                outcome.budget_exhausted = True
+                budget_exhausted = True
                 break
             # An unresolved concurrency measured again gets twice the time each time.
             misses = sum(1 for p in history if p.concurrency == n and p.verdict == "unresolved")
@@ -185,9 +185,9 @@ class Replay:
                 self.observer.probe_planned(n, eta)
             result = await self.step(Concurrency(n), window)
             history.append(probe_of(result, self.slo))
-        ended = outcome_of(history)
-        ended.budget_exhausted = outcome.budget_exhausted
-        return ended
+        outcome = outcome_of(history)
+        outcome.budget_exhausted = budget_exhausted
+        return outcome
 
 
 @dataclass

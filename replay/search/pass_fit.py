@@ -162,6 +162,11 @@ def start_knees(steps: Sequence[StepResult], level: float | None = None) -> dict
     return {start: fit([s for s in steps if s.server_start == start], level).knee_fit for start in starts}
 
 
+def majority_count(starts: int) -> int:
+    """How many of `starts` server starts are more than half of them."""
+    return starts // 2 + 1
+
+
 def majority_knee(knees: Sequence[int | None]) -> int | None:
     """The highest load that held on more than half of the starts: with the starts' own knees in
     descending order, the (n // 2 + 1)th. Two starts must both hold it (the lower knee); three
@@ -170,7 +175,7 @@ def majority_knee(knees: Sequence[int | None]) -> int | None:
     if not knees:
         return None
     ordered = sorted(knees, key=lambda k: -1 if k is None else k, reverse=True)
-    return ordered[len(knees) // 2]
+    return ordered[majority_count(len(knees)) - 1]
 
 
 def starts_disagree(knees: Sequence[int | None], rel_precision: float) -> bool:
@@ -203,7 +208,7 @@ def describe_starts(steps: Sequence[StepResult], level: float | None = None) -> 
     n = len(knees)
     answer = majority_knee(list(knees.values()))
     held = f"{answer}" if answer is not None else "no load"
-    return f"server starts: {'; '.join(parts)}; the answer is what held on {n // 2 + 1} of {n}: {held}"
+    return f"server starts: {'; '.join(parts)}; the answer is what held on {majority_count(n)} of {n}: {held}"
 
 
 def little_margin(steps: Sequence[StepResult], slo: Mapping[str, float]) -> list[str]:
