@@ -16,6 +16,8 @@ STEP_COLUMNS = (
     "e2e_p50_ms", "e2e_p99_ms", "kv_cache_usage_peak", "preemptions", "running_peak", "waiting_peak",
     "slo_pass", "slo_violations", "slo_verdict", "tpot_p99_ms_lo", "tpot_p99_ms_hi", "requests_per_s_lo",
     "requests_per_s_hi", "slo_attainment", "goodput_requests_per_s", "steady_state_dropped",
+    # Which server start measured the step ([sweep] server_starts); empty on one start and in a replay.
+    "server_start",
 )
 # vLLM's own view of the step (its histograms over the window) and the client-minus-server check.
 SERVER_COLUMNS = (
@@ -34,6 +36,9 @@ POINT_COLUMNS = (
     "knee_fit", "knee_band_lo", "knee_band_hi", "contested_concurrency",
     # The load safe_concurrency was read at: knee_fit, or max_passing in files written before the fit.
     "answer_basis",
+    # Each server start's own knee, "start:knee" space-separated ("1:50 2:39 3:51"; "-" where a
+    # start passed no load); empty for a point measured on one start.
+    "start_knees",
 )
 
 
@@ -67,6 +72,7 @@ def _step_fields(s: StepResult, gpus: int | None) -> dict[str, Any]:
         "slo_attainment": s.slo_attainment,
         "goodput_requests_per_s": s.goodput_requests_per_s,
         "steady_state_dropped": s.steady_state_dropped,
+        "server_start": s.server_start,
     }
 
 
@@ -122,6 +128,7 @@ def _point_fields(p: PointView) -> dict[str, Any]:
         "knee_band_hi": fitted.knee_band[1],
         "contested_concurrency": " ".join(map(str, fitted.contested)) or None,
         "answer_basis": p.answer_basis,
+        "start_knees": " ".join(f"{k}:{'-' if v is None else v}" for k, v in (p.start_knees or {}).items()) or None,
     }
 
 

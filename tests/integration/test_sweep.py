@@ -3,6 +3,7 @@ has a known answer (see tests/fakes/fake_vllm.py): ITL = itl_s x (1 + growth x r
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
+from planner.export.provenance import load_point
 from planner.sweep.config import load_settings
 from planner.sweep.grid import expand, fingerprint
 from planner.sweep.results import SweepResults
@@ -326,6 +328,15 @@ def test_starts_that_disagree_are_settled_by_one_more_start(tmp_path, capsys):
     assert "- Answer read at: 5, the highest load that held on 2 of 3 server starts" in report
     reread = SweepResults.model_validate_json((out / "sweep.json").read_text())
     assert reread.points[0].start_knees == {1: 5, 2: 3, 3: 5}
+    with (out / "summary.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["start_knees"] for r in rows} == {"1:5 2:3 3:5"} and {r["answer_basis"] for r in rows} == {"start_majority"}
+    # Rows go by load; each start's steps keep their count.
+    assert sorted(r["server_start"] for r in rows) == sorted(str(s.server_start) for s in point.steps)
+    # An export says which load its figures were read at: here the majority of the starts.
+    safe = load_point(out).safe_concurrency
+    assert safe.value == 4
+    assert "floor(the knee that held on most server starts 5 (start 1: 5, start 2: 3, start 3: 5) x (1 - headroom" in safe.source
     assert fake_vllm_processes(cfg) == []
 
 
