@@ -20,6 +20,9 @@ Targets:
   and drawn anew per step (`--step-sigma`; the fake draws it when a request finds it idle for
   `--step-idle-s`, shorter than the pause between two steps), and spurious preemptions
   (`--preemption-rate`, per request per request running). SLO tpot_p90_ms = 70.5 and max_preemptions = 0 by default.
+  With `--kv-cache-tokens N` the fake also has a KV pool of N tokens, and a request that finds it
+  full is preempted, as on vLLM: preemptions from a pool that fills (340 puts its knee near 24,
+  under TPOT's 34; add kv_cache_usage_max=0.95 to `--slo` for the CPU demo's rules).
 - `--target url --url URL --corpus PATH`: a running server, for example the CPU demo's 32M point
   (examples/cpu-demo.toml: start its vLLM with --kv-cache-memory-bytes 32M --max-model-len 12288
   and pass prompts/prod.jsonl); the SLO defaults to that demo's, and `--start 59` starts each
@@ -70,6 +73,7 @@ def start_fake(log: Path, seed: int, args: argparse.Namespace) -> tuple[subproce
         "--slowness-sigma", str(args.slowness_sigma), "--step-sigma", str(args.step_sigma),
         "--step-idle-s", str(args.step_idle_s),
         "--preemption-rate", str(args.preemption_rate), "--seed", str(seed),
+        *(("--kv-cache-tokens", str(args.kv_cache_tokens)) if args.kv_cache_tokens else ()),
     )  # fmt: skip
 
 
@@ -164,6 +168,11 @@ def main() -> int:
         " between two steps: one factor per step; 0.05 keeps it across about half the steps, a level that drifts)",
     )
     parser.add_argument("--preemption-rate", type=float, default=2e-5, help="fake: per request per request running")
+    parser.add_argument(
+        "--kv-cache-tokens", type=int,
+        help="fake: a KV pool of this many tokens; a request that finds it full is preempted, as on vLLM"
+        " (default: none, only the spurious preemptions)",
+    )
     parser.add_argument(
         "--seed", type=int, default=100,
         help="fake: search i runs with seed SEED + i (default 100); runs with the same seed replay the same draws",
