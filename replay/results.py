@@ -337,7 +337,7 @@ class SloPooled(ResultModel):
 
     # "pass" or "fail".
     verdict: Literal["pass", "fail"]
-    # The loads of the steps pooled, this step's included.
+    # The loads of the steps pooled, this step's included (on several server starts, its own start's only).
     loads: list[float]
     # The pooled figure (a precision-weighted geometric mean), in ms.
     figure: float

@@ -191,7 +191,6 @@ class PointRunner:
         self.start_index: int | None = None
 
     def _on_step(self, step: StepResult) -> None:
-        step.server_start = self.start_index
         self.result.steps.append(step)
         self.save()
 
@@ -476,6 +475,7 @@ class PointRunner:
                 on_step=self._on_step,
                 step_monitor=monitor,
                 probes=probes,
+                server_start=self.start_index,
             )
             if self._tie_break():
                 # The starts disagree: this one searches on its own steps, from the highest of their

@@ -72,8 +72,12 @@ class Replay:
         on_step: Callable[[StepResult], None] | None = None,
         step_monitor: Callable[[], StepMonitor] | None = None,
         probes: Callable[[], list[WindowProbe]] | None = None,
+        server_start: int | None = None,
     ) -> None:
         self.client = client
+        # Which start of the server the steps run on ([sweep] server_starts); each step carries it,
+        # and an undecided step is pooled only with the steps of its own start.
+        self.server_start = server_start
         self.corpus = corpus
         self.settings = settings
         self.slo = slo
@@ -114,7 +118,9 @@ class Replay:
                     window or self.settings.window(self.slo),
                     think_per_request_s=self.think_per_request_s,
                     # Judged across steps: the tau and between-step spread of the steps so far.
-                    spread=spread_of(self.steps, self.slo, load.n if isinstance(load, Concurrency) else None)
+                    spread=spread_of(
+                        self.steps, self.slo, load.n if isinstance(load, Concurrency) else None, start=self.server_start
+                    )
                     if self.slo
                     else None,
                 ),
@@ -133,6 +139,7 @@ class Replay:
         peak = getattr(monitor, "peak_mib", None)
         if peak:
             result.gpu_memory_peak_mib = dict(peak)
+        result.server_start = self.server_start
         self.steps.append(result)
         if self.on_step is not None:
             self.on_step(result)

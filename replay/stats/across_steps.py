@@ -53,7 +53,9 @@ ranks): a percentile verdict is conclusive only on the widened interval.
    step near the load counts: one whose interval is open (often a short step that read high) is
    given the variance its requests imply, never left out. Where
    the point's steps near the load do not yet show their scatter, the between-step sd is taken at
-   its largest (`MAX_LOG_SD`), so two or three steps alone rarely decide.
+   its largest (`MAX_LOG_SD`), so two or three steps alone rarely decide. On a point measured on
+   several server starts only the judged step's own start's steps are pooled (`spread_of`'s
+   `start`): the starts are there to show whether the engine's speed holds between them.
 """
 
 from __future__ import annotations
@@ -248,14 +250,23 @@ def informative(steps: Sequence[StepResult]) -> list[StepResult]:
     return [s for s in steps if s.load.mode == "concurrency" and s.slo_verdict != "unresolved" and not s.disturbed]
 
 
-def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float | None = None) -> Spread:
+def spread_of(
+    steps: Sequence[StepResult], slo: Mapping[str, float], load: float | None = None, *, start: int | None = None
+) -> Spread:
     """The pooled tau and the between-step log sd of each percentile rule over a point's
     closed-loop steps (see the module docstring). With `load` (the step about to be judged), both
     come from the steps within `NEAR` of it only: how strongly requests correlate and how much
     steps scatter depend on the load (near saturation a full KV cache, preemptions and the queue
     make each step's figures depend on where the server stood), and what steps at 56 in flight
-    showed says nothing of steps at 30."""
+    showed says nothing of steps at 30.
+
+    With `start` (the server start the judged step runs on, [sweep] server_starts), the figures
+    `pooled_check` decides with are that start's steps only: a later start is measured to show
+    whether the engine holds at another level, and a slower start's undecided step pooled with a
+    faster start's steps would pass on the other start's speed. The taus and the scatter keep
+    every start's steps: they only widen the intervals."""
     closed = informative(steps)
+    own = closed if start is None else [s for s in closed if s.server_start == start]
     near = closed if load is None else [s for s in closed if abs(s.load.value - load) <= NEAR * load]
     taus: dict[str, float] = {}
     bound_taus: dict[str, float] = {}
@@ -277,7 +288,7 @@ def spread_of(steps: Sequence[StepResult], slo: Mapping[str, float], load: float
         sd = min(measured, MAX_LOG_SD)
         if sd > 0:
             sds[key] = sd
-        figures[key] = tuple(f for s in closed if (f := figure_of(s, key)) is not None)
+        figures[key] = tuple(f for s in own if (f := figure_of(s, key)) is not None)
         pool_sd[key] = sd if shown else MAX_LOG_SD
     return Spread(tau=taus, bound_tau=bound_taus, log_sd=sds, figures=figures, pool_sd=pool_sd)
 

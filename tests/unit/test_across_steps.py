@@ -248,6 +248,32 @@ def test_a_step_undecided_alone_passes_on_the_steps_from_its_load_up() -> None:
     assert pooled_check(spread, "tpot_p90_ms", 20.0, current) is None
 
 
+def test_a_later_starts_undecided_step_is_not_passed_on_an_earlier_starts_steps() -> None:
+    from replay.stats.across_steps import pooled_check, spread_of
+
+    # The seventh CPU demo run: start 1 read TPOT p90 23-26 ms at 45-50 against 30; start 2, slower,
+    # read 31.7 ms at 45, its own interval open above. Pooled with start 1's steps it passed.
+    slo_ = {"tpot_p90_ms": 30.0}
+    first = [_p90_step(c, p90, lo, hi) for c, p90, lo, hi in ((47, 25.8, 21.0, 31.0), (48, 23.0, 19.5, 27.0),
+                                                              (50, 26.0, 22.0, 31.5), (45, 22.0, 18.0, 26.0))]  # fmt: skip
+    for s in first:
+        s.server_start = 1
+    slower = _p90_step(45, 31.7, 23.6, 45.0)
+    slower.server_start = 2
+    mixed = pooled_check(spread_of(first, slo_, load=45), "tpot_p90_ms", 30.0, slower)
+    assert mixed is not None and mixed.sign == 1  # start 1's speed would decide start 2's step
+    # Judged on its own start's steps, of which it is the first, it stays undecided.
+    assert spread_of(first, slo_, load=45, start=2).figures["tpot_p90_ms"] == ()
+    assert pooled_check(spread_of(first, slo_, load=45, start=2), "tpot_p90_ms", 30.0, slower) is None
+    # Its own start's steps still count: a second step of start 2 at 47 that read low is pooled.
+    own = _p90_step(47, 24.0, 20.0, 29.0)
+    own.server_start = 2
+    spread = spread_of([*first, own], slo_, load=45, start=2)
+    assert [f.load for f in spread.figures["tpot_p90_ms"]] == [47]
+    # The scatter and the taus are read from every start's steps.
+    assert spread.tau == spread_of([*first, own], slo_, load=45).tau
+
+
 def test_without_shown_scatter_a_few_steps_do_not_decide() -> None:
     from replay.stats.across_steps import MAX_LOG_SD, pooled_check, spread_of
 
