@@ -148,5 +148,12 @@ def test_find_max_lands_in_the_range_the_kv_pool_predicts(shared_server, tiny_mo
     # but never twice as many, and the lowest failure is above the start.
     assert fitting // 2 <= lo <= 2 * fitting
     assert 4 < hi <= 4 * fitting
-    assert results.binding_constraint is not None
-    assert set(results.binding_constraint.split(",")) & {"max_preemptions", "kv_cache_usage_max"}
+    # The capacity rules stopped the search. Where the lowest failing step broke none of its rules
+    # conclusively (a fresh-clone run: at 12 the KV rule was undecided, its two /metrics samples
+    # having caught no request running), no constraint is claimed and the undecided rule is named.
+    capacity = {"max_preemptions", "kv_cache_usage_max"}
+    if results.binding_constraint is not None:
+        assert set(results.binding_constraint.split(",")) & capacity, results.binding_constraint
+    else:
+        undecided = {note.split(":")[0] for note in results.binding_undecided}
+        assert undecided & capacity, results.binding_undecided
