@@ -40,7 +40,7 @@ def test_a_slower_later_starts_undecided_step_does_not_pass_on_the_earlier_start
     earlier = [first_start(10, 20.0), first_start(11, 21.0), first_start(12, 22.0)]
 
     async def main() -> dict[int | None, StepResult]:
-        # The later start runs at twice the earlier one's speed per token: TPOT about 40 ms.
+        # The later start takes twice as long per token as the earlier one: TPOT about 40 ms.
         async with FakeServer(Behavior(itl_s=0.04, ttft_s=0.002)) as srv:
             async with settings.client(srv.url, model=None, api_key=None, max_connections=16) as client:
                 out = {}
