@@ -579,11 +579,21 @@ class ReplayResults(ResultModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _from_version_1(cls, data: Any) -> Any:
+    def _from_older_files(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
         # Version 1 differs only by lacking `identity`, which stays None (unknown).
-        if isinstance(data, dict) and data.get("schema_version") == 1:
-            return {**data, "schema_version": SCHEMA_VERSION}
-        return data
+        if data.get("schema_version") == 1:
+            data = {**data, "schema_version": SCHEMA_VERSION}
+        return {**data, "settings": with_request_order(data.get("settings"))}
+
+
+def with_request_order(settings: Any) -> Any:
+    """Saved replay settings with `request_order`: files written before the key sent the corpus in
+    its file's order, and say so once read."""
+    if isinstance(settings, dict) and "request_order" not in settings:
+        return {**settings, "request_order": "file"}
+    return settings
 
 
 M = TypeVar("M", bound=BaseModel)

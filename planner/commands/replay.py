@@ -50,6 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--speed", type=float, default=1.0, help="trace speed factor (default 1.0)")
     load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules and think times (saved in the results)")
     load.add_argument(
+        "--request-order", choices=["mixed", "file"], default="mixed",
+        help="mixed (default): every step's requests hold the corpus's mix of lengths; file: the corpus file's order",
+    )
+    load.add_argument(
         "--think-time-s", type=float, default=0.0,
         help="session corpora: mean seconds a user reads before a turn whose line has no think_time_s (default 0)",
     )
@@ -125,7 +129,7 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
         flag_values(
             args,
             "api", "max_tokens", "ignore_eos", "request_timeout_s",
-            "concurrency", "rate", "trace", "seed", "think_time_s", "think_time_distribution",
+            "concurrency", "rate", "trace", "seed", "request_order", "think_time_s", "think_time_distribution",
             "warmup_requests", "warmup_s", "min_requests", "max_requests", "min_window_s", "max_window_s", "warmup_timeout_s",
             "find_max", "start_concurrency", "max_concurrency", "saturation_requests", "point_budget_s",
             "client_ttft_excess_ms", "client_ttft_excess_fraction", "confirm_knee", "allow_interference",

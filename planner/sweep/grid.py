@@ -96,7 +96,11 @@ def fingerprint(
         "env": point.env,
         "corpus_sha256": corpus_sha256,
         "slo": settings.slo.model_dump(mode="json"),
-        "replay": settings.replay.model_dump(mode="json"),
+        # request_order only when mixed: results measured before the key, in the file's order, keep
+        # their fingerprints under request_order = "file", and are measured again under "mixed".
+        "replay": settings.replay.model_dump(
+            mode="json", exclude={"request_order"} if settings.replay.request_order == "file" else None
+        ),
         "client_cpus": settings.cpus.client,
     }
     if settings.sweep.server_starts != 1:

@@ -17,6 +17,7 @@ from replay.errors import StepAborted
 from replay.load.conversation import SessionCursor, ThinkTime, mean_think_per_request_s, turn_request
 from replay.load.drivers import RequestCursor
 from replay.load.kinds import Concurrency, Load, PoissonRate, TraceReplay
+from replay.load.order import send_order
 from replay.results import StepResult
 from replay.run.settings import ReplaySettings
 from replay.search.eta import search_eta_s
@@ -89,7 +90,11 @@ class Replay:
         # monitor when it is a probe too (the sweep's GPU sampler).
         self.probes = probes or (lambda: [CpuProbe()])
         # A session corpus is replayed session by session: the load counts users (replay.load.conversation).
-        self.cursor = SessionCursor(corpus.sessions) if corpus.sessions is not None else RequestCursor(corpus.requests)
+        self.cursor = (
+            SessionCursor(corpus.sessions)
+            if corpus.sessions is not None
+            else RequestCursor(send_order(corpus.requests, settings.request_order, settings.max_tokens))
+        )
         self.think = ThinkTime(settings.think_time_s, settings.think_time_distribution, settings.seed)
         self.think_per_request_s = (
             mean_think_per_request_s(corpus.sessions, self.think) if corpus.sessions is not None else 0.0

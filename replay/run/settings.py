@@ -36,6 +36,11 @@ class ReplaySettings(BaseModel):
     trace_speed: float = Field(default=1.0, gt=0)
     # Seed of the open-loop arrivals and think times; saved with the results.
     seed: int = 0
+    # The order requests are sent in: "mixed" ranks them by estimated tokens and interleaves the
+    # ranks so that every step's requests hold the corpus's mix of lengths, wherever in the corpus
+    # the step starts (replay.load.order); "file" sends them as the file lists them. Not used for a
+    # trace (its timestamps order it) or a session corpus.
+    request_order: Literal["mixed", "file"] = "mixed"
     # Session corpora: the user's reading time before a turn whose line has no think_time_s,
     # its mean in seconds and its distribution (replay.load.conversation.ThinkTime).
     think_time_s: float = Field(default=0.0, ge=0)

@@ -321,3 +321,15 @@ def test_vllms_ray_backend_is_refused_on_the_ray_executor(tmp_path):
     in_grid = BASE.replace("enable_prefix_caching = [false]", 'distributed-executor-backend = ["mp", "ray"]')
     with pytest.raises(ConfigError, match=r"\(\[grid.extra\] distributed-executor-backend\).*\[grid.extra\] nnodes = \[N\]"):
         load_settings(write(tmp_path, in_grid + '\n[executor]\nkind = "ray"\n'))
+
+
+def test_the_file_order_keeps_the_fingerprint_results_had_before_request_order(tmp_path):
+    # Before [replay] request_order, requests went in the file's order. Under "file" a --resume finds
+    # the points measured then (their fingerprint, computed at c28ea28 from this same config, is
+    # the constant below); under the new default "mixed" they are measured again.
+    settings = load_settings(write(tmp_path, BASE.replace("./models/tiny", "/models/tiny")))
+    point = expand(settings)[0]
+    in_file = settings.model_copy(update={"replay": settings.replay.model_copy(update={"request_order": "file"})})
+    assert settings.replay.request_order == "mixed"
+    assert fingerprint(in_file, point, corpus_sha256="a" * 64, vllm_version="0.32.0") == "eba1a17faa040bf3"
+    assert fingerprint(settings, point, corpus_sha256="a" * 64, vllm_version="0.32.0") != "eba1a17faa040bf3"

@@ -1,0 +1,114 @@
+"""The order a run sends the corpus in (replay.load.order): every run of consecutive requests holds
+the corpus's mix of lengths, wherever in the corpus a step starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.commands.replay import settings_from_args
+from planner.sweep.results import SweepResults
+from replay.corpus.jsonl import CorpusRequest, load_corpus
+from replay.load.drivers import RequestCursor
+from replay.load.order import bit_reversed, mixed_order, request_weights, send_order
+from replay.results import ReplayResults
+from replay.run.runner import Replay
+from replay.run.settings import ReplaySettings
+
+ROOT = Path(__file__).resolve().parents[2]
+PROD = ROOT / "prompts" / "prod.jsonl"
+FIXTURES = ROOT / "tests" / "fixtures" / "results"
+
+
+def window_means(weights: np.ndarray, m: int) -> np.ndarray:
+    """The mean weight of m consecutive requests, at every start, wrapping as the cursor does."""
+    twice = np.concatenate([weights, weights])
+    return np.array([twice[a : a + m].mean() for a in range(len(weights))])
+
+
+def test_bit_reversal_is_a_permutation_that_halves_the_range_at_each_level():
+    assert bit_reversed(8) == [0, 4, 2, 6, 1, 5, 3, 7]
+    assert bit_reversed(6) == [0, 4, 2, 1, 5, 3]
+    for n in range(0, 70):
+        assert sorted(bit_reversed(n)) == list(range(n))
+
+
+def test_equal_weights_keep_the_files_order():
+    assert mixed_order([5, 5, 5, 5]) == [0, 1, 2, 3]
+    assert mixed_order([]) == []
+
+
+def test_the_first_requests_span_the_ranks():
+    weights = [10 * i for i in range(16)][::-1]  # the file lists the longest first
+    order = mixed_order(weights)
+    assert sorted(order) == list(range(16))
+    # The shortest, then the median, then the quartiles: ranks 0, 8, 4, 12.
+    assert [weights[i] for i in order[:4]] == [0, 80, 40, 120]
+
+
+@pytest.mark.parametrize("m", [25, 50, 100])
+def test_every_window_of_the_demo_corpus_holds_its_mix(m):
+    requests = load_corpus(PROD).requests
+    in_file = np.array(request_weights(requests, None), dtype=float)
+    mixed = np.array(request_weights(send_order(requests, "mixed", None), None), dtype=float)
+    assert sorted(mixed) == sorted(in_file)
+
+    def spread(w: np.ndarray) -> float:
+        means = window_means(w, m)
+        return (means.max() - means.min()) / w.mean()
+
+    # The figures replay.load.order's docstring quotes (m = 50: 14% against 61%).
+    assert spread(mixed) < 0.3 * spread(in_file)
+    if m == 50:
+        assert spread(mixed) == pytest.approx(0.143, abs=0.005)
+        assert spread(in_file) == pytest.approx(0.614, abs=0.005)
+
+
+def test_output_length_counts_from_the_runs_max_tokens_where_a_line_has_none():
+    def line(prompt: str, max_tokens: int | None) -> CorpusRequest:
+        return CorpusRequest(
+            index=0, line=1, id=None, prompt=prompt, messages=None, max_tokens=max_tokens, timestamp_s=None, extra={}
+        )
+
+    requests = [line("x" * 400, None), line("x" * 4, 50)]
+    assert request_weights(requests, None) == [100, 51]
+    assert request_weights(requests, 200) == [300, 51]
+
+
+def test_a_replay_sends_in_the_mixed_order_unless_told_the_files():
+    corpus = load_corpus(PROD)
+    expected = send_order(corpus.requests, "mixed", None)
+    replay = Replay(None, corpus, ReplaySettings(), {})  # type: ignore[arg-type]
+    assert isinstance(replay.cursor, RequestCursor)
+    assert [replay.cursor.next() for _ in range(5)] == expected[:5]
+    assert expected[:5] != corpus.requests[:5]
+    in_file = Replay(None, corpus, ReplaySettings(request_order="file"), {})  # type: ignore[arg-type]
+    assert [in_file.cursor.next() for _ in range(5)] == corpus.requests[:5]
+
+
+def test_the_cli_flag_sets_the_order():
+    from planner.cli import build_parser
+
+    args = build_parser().parse_args(["replay", "--url", "http://x", "--prompts", "p.jsonl", "--request-order", "file"])
+    assert settings_from_args(args).request_order == "file"
+    args = build_parser().parse_args(["replay", "--url", "http://x", "--prompts", "p.jsonl"])
+    assert settings_from_args(args).request_order == "mixed"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["replay", "--url", "http://x", "--prompts", "p.jsonl", "--request-order", "sorted"])
+
+
+def test_results_written_before_the_key_read_as_the_files_order():
+    replay = json.loads((FIXTURES / "replay" / "replay.json").read_text())
+    assert "request_order" not in replay["settings"]
+    assert ReplayResults.model_validate(replay).settings["request_order"] == "file"
+    now = ReplayResults.model_validate({**replay, "settings": {**replay["settings"], "request_order": "mixed"}})
+    assert now.settings["request_order"] == "mixed"
+
+    sweep = json.loads((FIXTURES / "sweep" / "sweep.json").read_text())
+    sweep["settings"]["replay"] = {"min_requests": 100}
+    assert SweepResults.model_validate(sweep).settings.model_dump()["replay"] == {
+        "min_requests": 100, "request_order": "file",
+    }
