@@ -125,6 +125,12 @@ def _share_above(usage: Sequence[float], bound: float) -> float | None:
     return sum(1 for u in usage if u > bound) / len(usage) if usage else None
 
 
+def saw_no_work(samples: Sequence[Sample]) -> bool:
+    """True when there are samples and every one read 0 requests running: with requests finishing
+    meanwhile, they caught the engine only between its work (replay.step.result)."""
+    return bool(samples) and all(s.running == 0 for s in samples)
+
+
 def kv_share_verdict(above: int, n: int) -> Verdict | None:
     """The KV rule on `above` of `n` samples over its bound: pass at a share within the limit, fail
     when even `KV_MIN_SAMPLES` samples would leave it over the limit, else inconclusive (too few
@@ -195,6 +201,14 @@ def verdict(step: StepResult, key: str, bound: float) -> Verdict | None:
             return None
         if above is None:
             # A result written before the sample count was kept: judged on the share alone.
-            return "pass" if share <= KV_ABOVE_SHARE_LIMIT else "fail"
-        return kv_share_verdict(above, step.kv_cache_samples)
+            judged: Verdict | None = "pass" if share <= KV_ABOVE_SHARE_LIMIT else "fail"
+        else:
+            judged = kv_share_verdict(above, step.kv_cache_samples)
+        if judged == "pass" and step.server.samples_saw_no_work:
+            # Every sample read 0 running while requests finished: a share within the limit from
+            # samples that saw no work reads nothing as 0. Undecided (the window measured on for a
+            # sample that caught the engine at work: replay.step.window.gauges_undecided); samples
+            # above the bound are readings of the cache all the same, and fail it.
+            return "inconclusive"
+        return judged
     return None

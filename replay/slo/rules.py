@@ -144,10 +144,9 @@ def evaluate(step: StepResult, slo: Mapping[str, float]) -> tuple[list[str], lis
         }[key]
         judged = max_rules.verdict(step, key, bound)
         if judged is not None:
-            # Judged the same at any window length (replay.slo.max_rules), also where no sample caught
-            # the window's peak (samples_saw_no_work) but the samples' own figure (the KV share above
-            # the bound) stands; inconclusive is no violation of what was measured, and `verdicts`
-            # keeps it inconclusive.
+            # Judged the same at any window length (replay.slo.max_rules); where no sample caught
+            # the engine at work (samples_saw_no_work) the KV share is undecided. Inconclusive is no
+            # violation of what was measured, and `verdicts` keeps it inconclusive.
             if judged == "fail":
                 violations.append(key)
         elif server_value is None:

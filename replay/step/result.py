@@ -86,8 +86,8 @@ def server_summary(
     requests between scrapes (on a small machine a fast engine finishes a burst of requests long
     before a client starved of CPU has read their streams, and /metrics is answered late). The
     peaks are then unknown, never 0: null, flagged `samples_saw_no_work`, and the note says so.
-    The samples themselves still stand as readings of the engine at their moments, so a rule
-    judged on the share of samples (kv_cache_usage_max, replay.slo.max_rules) keeps its verdict."""
+    The KV rule, judged on the share of samples above its bound (replay.slo.max_rules), is then
+    undecided too: a share of 0 from samples that saw no work would read nothing as 0."""
     server = (
         summarize_server(
             metrics.samples, open_s, close_s, metrics.note, max_edge_gap_s=metrics.edge_gap_s, marks=metrics.window

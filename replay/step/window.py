@@ -302,7 +302,9 @@ def gauges_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None
 
 def gauges_undecided(scraper: MetricsScraper | None, slo: Mapping[str, float] | None, state: WindowState) -> Callable[[], bool] | None:
     """Whether the KV rule (replay.slo.max_rules) is still undecided on the window's samples so
-    far: some sample read the cache above the bound, but too few samples to call it a share."""
+    far: some sample read the cache above the bound, but too few samples to call it a share; or
+    requests finished in the window and no sample yet caught one running, so the samples read the
+    engine between its work and their share of 0 says nothing (replay.step.result)."""
     bound = (slo or {}).get("kv_cache_usage_max")
     if scraper is None or bound is None:
         return None
@@ -319,7 +321,10 @@ def gauges_undecided(scraper: MetricsScraper | None, slo: Mapping[str, float] | 
         key = (len(scraper.samples), state.open_s)
         if key != seen:
             seen = key
-            last = max_rules.kv_verdict_on(max_rules.kv_usage_inside(scraper.samples, state.open_s), bound) == "inconclusive"
+            inside = [x for x in scraper.samples if x.t_s > state.open_s]
+            last = max_rules.kv_verdict_on(max_rules.kv_usage_inside(inside, state.open_s), bound) == "inconclusive" or (
+                bool(state.measured) and max_rules.saw_no_work(inside)
+            )
         return last
 
     return undecided

@@ -104,6 +104,20 @@ def test_the_kv_share_is_judged_on_enough_samples_to_tell_a_brief_peak_from_a_fu
     assert slo.verdicts(old, rule)[0] == {"kv_cache_usage_max": "fail"}
 
 
+def _kv_step(metrics, *, min_requests: int):
+    """One step of 4 in flight against `metrics` (scraped every 20 ms), judged on the KV rule alone."""
+
+    async def go():
+        scraper = MetricsScraper(metrics, interval_s=0.02)
+        window = Window(warmup_requests=0, min_requests=min_requests, max_requests=4000, max_window_s=30.0)
+        return await run_step(
+            SleepySender(latency_s=0.02), RequestCursor(CORPUS), Concurrency(4), window, scraper=scraper,
+            slo={"kv_cache_usage_max": 0.95},
+        )
+
+    return asyncio.run(go())
+
+
 @pytest.mark.timeout(30)
 def test_a_window_that_caught_one_brief_kv_peak_measures_on_until_the_share_can_be_judged():
     scrapes = 0
@@ -115,18 +129,50 @@ def test_a_window_that_caught_one_brief_kv_peak_measures_on_until_the_share_can_
         usage = 0.99 if scrapes == 3 else 0.5
         return f'# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name="m"}} {usage}\n'
 
-    async def go():
-        scraper = MetricsScraper(metrics, interval_s=0.02)
-        window = Window(warmup_requests=0, min_requests=8, max_requests=4000, max_window_s=30.0)
-        return await run_step(
-            SleepySender(latency_s=0.02), RequestCursor(CORPUS), Concurrency(4), window, scraper=scraper,
-            slo={"kv_cache_usage_max": 0.95},
-        )
-
-    step = asyncio.run(go())
+    step = _kv_step(metrics, min_requests=8)
     # Closed on its minimum of 8 requests the window had a handful of samples, one above the
     # bound: a share over 5% on too few samples. It measured on until 20 samples could judge it.
     assert step.kv_cache_samples >= max_rules.KV_MIN_SAMPLES
     assert step.kv_cache_above_share <= max_rules.KV_ABOVE_SHARE_LIMIT
     assert step.slo_verdicts == {"kv_cache_usage_max": "pass"} and step.slo_pass
     assert step.window_closed_by in ("verdict", "requests") and step.requests_ok < 4000
+
+
+def test_a_kv_share_from_samples_that_saw_no_work_is_undecided():
+    # Every sample read 0 running while requests finished (replay.step.result): their share of 0
+    # above the bound reads nothing as 0.
+    rule = {"kv_cache_usage_max": 0.95}
+    unseen = ServerSummary(metrics_available=True, window_sampled=True, samples=2, samples_saw_no_work=True)
+    step = make_step(server=unseen, kv_cache_above_share=0.0, kv_cache_samples=2)
+    assert slo.verdicts(step, rule)[0] == {"kv_cache_usage_max": "inconclusive"}
+    assert slo.evaluate(step, rule) == ([], [])
+    seen = ServerSummary(metrics_available=True, window_sampled=True, samples=2, kv_cache_usage_peak=0.4, running_peak=3)
+    assert slo.verdicts(make_step(server=seen, kv_cache_above_share=0.0, kv_cache_samples=2), rule)[0] == {
+        "kv_cache_usage_max": "pass"
+    }
+    assert max_rules.saw_no_work([Sample(t_s=1, kv_cache_usage=0.0, running=0, waiting=0, preemptions=0)])
+    assert not max_rules.saw_no_work([])
+    assert not max_rules.saw_no_work([Sample(t_s=1, kv_cache_usage=0.0, running=None, waiting=0, preemptions=0)])
+
+
+@pytest.mark.timeout(30)
+def test_a_window_whose_samples_saw_no_work_measures_on_until_one_does():
+    scrapes = 0
+
+    async def metrics() -> str:
+        # The first scrapes find the engine between its work (0 running), as on a starved machine;
+        # from the tenth on they catch it running.
+        nonlocal scrapes
+        scrapes += 1
+        running = 4 if scrapes >= 10 else 0
+        return (
+            '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name="m"} 0.3\n'
+            f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="m"}} {running}\n'
+        )
+
+    step = _kv_step(metrics, min_requests=4)
+    # Its minimum of 4 requests came before a sample caught a request running: the window measured
+    # on, and its verdict rests on samples that saw the engine at work.
+    assert not step.server.samples_saw_no_work and step.server.running_peak == 4
+    assert step.slo_verdicts == {"kv_cache_usage_max": "pass"} and step.slo_pass
+    assert step.requests_ok > 4 and step.requests_ok < 4000
