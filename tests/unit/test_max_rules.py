@@ -105,10 +105,17 @@ def test_the_kv_share_is_judged_on_enough_samples_to_tell_a_brief_peak_from_a_fu
 
 
 def _kv_step(metrics, *, min_requests: int):
-    """One step of 4 in flight against `metrics` (scraped every 20 ms), judged on the KV rule alone."""
+    """One step of 4 in flight, judged on the KV rule alone, against /metrics text that
+    `metrics(n)` gives for the n-th scrape (1, 2, ...; scraped every 20 ms)."""
+    scrapes = 0
+
+    async def text() -> str:
+        nonlocal scrapes
+        scrapes += 1
+        return metrics(scrapes)
 
     async def go():
-        scraper = MetricsScraper(metrics, interval_s=0.02)
+        scraper = MetricsScraper(text, interval_s=0.02)
         window = Window(warmup_requests=0, min_requests=min_requests, max_requests=4000, max_window_s=30.0)
         return await run_step(
             SleepySender(latency_s=0.02), RequestCursor(CORPUS), Concurrency(4), window, scraper=scraper,
@@ -120,13 +127,9 @@ def _kv_step(metrics, *, min_requests: int):
 
 @pytest.mark.timeout(30)
 def test_a_window_that_caught_one_brief_kv_peak_measures_on_until_the_share_can_be_judged():
-    scrapes = 0
-
-    async def metrics() -> str:
+    def metrics(scrape: int) -> str:
         # One brief peak: the third scrape reads the cache above the bound, the others well under it.
-        nonlocal scrapes
-        scrapes += 1
-        usage = 0.99 if scrapes == 3 else 0.5
+        usage = 0.99 if scrape == 3 else 0.5
         return f'# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name="m"}} {usage}\n'
 
     step = _kv_step(metrics, min_requests=8)
@@ -157,14 +160,10 @@ def test_a_kv_share_from_samples_that_saw_no_work_is_undecided():
 
 @pytest.mark.timeout(30)
 def test_a_window_whose_samples_saw_no_work_measures_on_until_one_does():
-    scrapes = 0
-
-    async def metrics() -> str:
+    def metrics(scrape: int) -> str:
         # The first scrapes find the engine between its work (0 running), as on a starved machine;
         # from the tenth on they catch it running.
-        nonlocal scrapes
-        scrapes += 1
-        running = 4 if scrapes >= 10 else 0
+        running = 4 if scrape >= 10 else 0
         return (
             '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name="m"} 0.3\n'
             f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="m"}} {running}\n'
