@@ -54,8 +54,13 @@ HEAD_AMOUNT = 0.001
 _ERROR_LINES = 6
 # A ray:// connection makes the head's proxier start a client server for this driver, a process
 # forked from a multi-threaded gRPC server, and that start sometimes fails at once; a new
-# connection asks for a new one. Tried this many times in all, after these waits.
+# connection asks for a new one. Tried this many times in all, after these waits. Ray says so in
+# one of two ways: its own line, or a traceback out of the proxier's start_specific_server (the
+# process exited while the proxier waited on it, and psutil's read of its command line raised; a
+# fresh-clone CI run met it in tests/integration/test_sweep_ray.py).
 CLIENT_SERVER_START_FAILED = "Starting Ray client server failed"
+CLIENT_SERVER_START_RAISED = "in start_specific_server"
+TRANSIENT_MARKERS = (CLIENT_SERVER_START_FAILED, CLIENT_SERVER_START_RAISED)
 CONNECT_ATTEMPTS = 3
 CONNECT_BACKOFF_S = (1.0, 2.0)
 
@@ -78,7 +83,7 @@ def _init_with_retries(executor: ExecutorSection, *, sleep=time.sleep) -> None:
             # ray.init in this process would then fail too: undo it.
             with contextlib.suppress(Exception):
                 ray.shutdown()
-            transient = CLIENT_SERVER_START_FAILED in str(exc)
+            transient = any(marker in str(exc) for marker in TRANSIENT_MARKERS)
             if transient and attempt < CONNECT_ATTEMPTS:
                 wait_s = CONNECT_BACKOFF_S[attempt - 1]
                 print(
@@ -99,7 +104,8 @@ def _init_with_retries(executor: ExecutorSection, *, sleep=time.sleep) -> None:
 def _quoted_line(exc: BaseException) -> str:
     """The line of Ray's error that names the failure (its message opens with a generic preface)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return next((line for line in lines if CLIENT_SERVER_START_FAILED in line), lines[-1] if lines else type(exc).__name__)
+    named = (line for marker in TRANSIENT_MARKERS for line in lines if marker in line)
+    return next(named, lines[-1] if lines else type(exc).__name__)
 
 
 class RayExecutor:

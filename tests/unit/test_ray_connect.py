@@ -15,6 +15,18 @@ START_FAILED = ConnectionAbortedError(
     "RuntimeError: Starting Ray client server failed. See ray_client_server_23000.err for detailed logs."
 )
 
+# The same failure as a fresh-clone CI run met it (Ray 2.60): the client server exited while the
+# proxier waited on it, and the proxier's read of its command line raised. (That run's message was
+# cut before the exception's name; psutil raises NoSuchProcess or ZombieProcess there.)
+START_RAISED = ConnectionAbortedError(
+    "Initialization failure from server:\nTraceback (most recent call last):\n"
+    '  File "ray/util/client/server/proxier.py", line 765, in Datapath\n'
+    "    if not self.proxy_manager.start_specific_server(\n"
+    '  File "ray/util/client/server/proxier.py", line 396, in start_specific_server\n'
+    "    cmd = psutil_proc.cmdline()\n"
+    "psutil.ZombieProcess: PID still exists but it's a zombie (pid=4242)"
+)
+
 
 @pytest.fixture
 def calls(monkeypatch):
@@ -61,3 +73,13 @@ def test_any_other_failure_is_not_tried_again(monkeypatch, calls):
     with pytest.raises(ConfigError, match=r"cannot connect to a Ray cluster \(ConnectionError: could not find any"):
         ray_driver._init_with_retries(ExecutorSection(kind="ray", address="head:6379"), sleep=lambda _s: pytest.fail("slept"))
     assert calls == ["init", "shutdown"]
+
+
+def test_a_client_server_that_exited_while_the_proxier_waited_is_asked_for_again(monkeypatch, calls, capsys):
+    monkeypatch.setattr(ray_driver.ray, "init", fake_init(calls, [START_RAISED]))
+    ray_driver._init_with_retries(ExecutorSection(kind="ray", address="ray://head:10001"), sleep=lambda _s: None)
+    assert calls == ["init", "shutdown", "init"]
+    assert capsys.readouterr().err == (
+        "planner: Ray's proxier at ray://head:10001 said 'File \"ray/util/client/server/proxier.py\", line 396, in"
+        " start_specific_server' (try 1 of 3); connecting again in 1 s\n"
+    )
