@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import get_args
 
 from rich.console import Console
 
@@ -19,6 +20,7 @@ from planner.report.html import HTML_FILE
 from planner.tables import replay_summary, stdout_console, steps_table
 from planner.validation import build
 from replay.corpus.jsonl import load_corpus
+from replay.load.order import RequestOrder
 from replay.run.entry import RESULTS_FILE, run_replay
 from replay.run.settings import ReplaySettings
 from replay.slo import rules as slo_mod
@@ -50,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--speed", type=float, default=1.0, help="trace speed factor (default 1.0)")
     load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules and think times (saved in the results)")
     load.add_argument(
-        "--request-order", choices=["mixed", "file"], default="mixed",
+        "--request-order", choices=get_args(RequestOrder), default="mixed",
         help="mixed (default): every step's requests hold the corpus's mix of lengths; file: the corpus file's order",
     )
     load.add_argument(

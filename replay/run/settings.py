@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from replay.client.streaming import StreamingClient
+from replay.load.order import RequestOrder
 from replay.slo import rules as slo_mod
 from replay.step.environment import Interference
 from replay.step.window import Window
@@ -40,7 +41,7 @@ class ReplaySettings(BaseModel):
     # ranks so that every step's requests hold the corpus's mix of lengths, wherever in the corpus
     # the step starts (replay.load.order); "file" sends them as the file lists them. Not used for a
     # trace (its timestamps order it) or a session corpus.
-    request_order: Literal["mixed", "file"] = "mixed"
+    request_order: RequestOrder = "mixed"
     # Session corpora: the user's reading time before a turn whose line has no think_time_s,
     # its mean in seconds and its distribution (replay.load.conversation.ThinkTime).
     think_time_s: float = Field(default=0.0, ge=0)
