@@ -471,6 +471,9 @@ class StepResult(ResultModel):
     window_limit_s: float | None = None
     # The warm-up's mean request duration, which window_limit_s was sized from.
     request_duration_s: float | None = None
+    # A closed loop's ramp-up: its workers started evenly over this many seconds (0: all at once,
+    # as every step did before ramps, and every open-loop step).
+    ramp_s: float = 0.0
     # Filled in by planner sweep: peak used memory per GPU during the step.
     gpu_memory_peak_mib: dict[str, float] | None = None
     # What else the machine did during the window (replay.step.environment); absent in older files.
@@ -585,14 +588,19 @@ class ReplayResults(ResultModel):
         # Version 1 differs only by lacking `identity`, which stays None (unknown).
         if data.get("schema_version") == 1:
             data = {**data, "schema_version": SCHEMA_VERSION}
-        return {**data, "settings": with_request_order(data.get("settings"))}
+        return {**data, "settings": with_older_defaults(data.get("settings"))}
 
 
-def with_request_order(settings: Any) -> Any:
-    """Saved replay settings with `request_order`: files written before the key sent the corpus in
-    its file's order, and say so once read."""
-    if isinstance(settings, dict) and "request_order" not in settings:
-        return {**settings, "request_order": "file"}
+# Replay settings keys added since results files were first written, with the value that says what
+# a file from before the key did: the corpus sent in its file's order; closed loops started at once.
+KEYS_OF_OLDER_FILES = {"request_order": "file", "ramp_s": 0.0}
+
+
+def with_older_defaults(settings: Any) -> Any:
+    """Saved replay settings with every key added since (KEYS_OF_OLDER_FILES): a file written
+    before a key says, once read, how it measured."""
+    if isinstance(settings, dict):
+        return {**KEYS_OF_OLDER_FILES, **settings}
     return settings
 
 

@@ -56,6 +56,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="mixed (default): every step's requests hold the corpus's mix of lengths; file: the corpus file's order",
     )
     load.add_argument(
+        "--ramp-s", type=float, default=None,
+        help="a closed loop's workers start evenly over this many seconds (default: one request duration, "
+        "measured by the earlier step nearest in load; 0: all at once)",
+    )
+    load.add_argument(
         "--think-time-s", type=float, default=0.0,
         help="session corpora: mean seconds a user reads before a turn whose line has no think_time_s (default 0)",
     )
@@ -131,7 +136,7 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
         flag_values(
             args,
             "api", "max_tokens", "ignore_eos", "request_timeout_s",
-            "concurrency", "rate", "trace", "seed", "request_order", "think_time_s", "think_time_distribution",
+            "concurrency", "rate", "trace", "seed", "request_order", "ramp_s", "think_time_s", "think_time_distribution",
             "warmup_requests", "warmup_s", "min_requests", "max_requests", "min_window_s", "max_window_s", "warmup_timeout_s",
             "find_max", "start_concurrency", "max_concurrency", "saturation_requests", "point_budget_s",
             "client_ttft_excess_ms", "client_ttft_excess_fraction", "confirm_knee", "allow_interference",

@@ -68,7 +68,10 @@ async def confirm_on_fresh_server(
             server.url, model=None, api_key=api_key, max_connections=concurrency + METRICS_CONNECTIONS
         ) as client:
             await client.check()
-            replay = Replay(client, ctx.corpus, settings.replay, settings.slo.rules(), probes=probes)
+            # The point's steps size the closed loop's ramp-up (one request duration at the nearest load).
+            replay = Replay(
+                client, ctx.corpus, settings.replay, settings.slo.rules(), probes=probes, known_steps=result.steps
+            )
             for _ in range(settings.replay.disturbed_retries + 1):
                 step = await replay.step(Concurrency(concurrency))
                 check.steps.append(step)

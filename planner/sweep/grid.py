@@ -10,6 +10,7 @@ from typing import Any
 
 from planner.sweep.config import SweepSettings
 from planner.vllm_args import config_key
+from replay.results import KEYS_OF_OLDER_FILES
 
 MAIN_AXES = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size")
 _SHORT = {"max_model_len": "mml", "gpu_memory_utilization": "gmu", "tensor_parallel_size": "tp"}
@@ -96,10 +97,12 @@ def fingerprint(
         "env": point.env,
         "corpus_sha256": corpus_sha256,
         "slo": settings.slo.model_dump(mode="json"),
-        # request_order only when mixed: results measured before the key, in the file's order, keep
-        # their fingerprints under request_order = "file", and are measured again under "mixed".
+        # Keys added since, only when they differ from what results measured before them did
+        # (KEYS_OF_OLDER_FILES): those results keep their fingerprints under the old values (the
+        # file's order, no ramp-up), and are measured again under the new defaults.
         "replay": settings.replay.model_dump(
-            mode="json", exclude={"request_order"} if settings.replay.request_order == "file" else None
+            mode="json",
+            exclude={key for key, old in KEYS_OF_OLDER_FILES.items() if getattr(settings.replay, key) == old} or None,
         ),
         "client_cpus": settings.cpus.client,
     }

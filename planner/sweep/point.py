@@ -476,6 +476,8 @@ class PointRunner:
                 step_monitor=monitor,
                 probes=probes,
                 server_start=self.start_index,
+                # The earlier starts' steps size each closed loop's ramp-up from the first step on.
+                known_steps=r.steps,
             )
             if self._tie_break():
                 # The starts disagree: this one searches on its own steps, from the highest of their

@@ -13,7 +13,7 @@ from planner.sweep.disk import NO_SPACE, ResultsNotWritten
 from replay.errors import SloSpecError
 from replay.identity import Identity
 from replay.model import ResultModel
-from replay.results import PassPoint, StepResult, with_request_order, write_json_atomic
+from replay.results import PassPoint, StepResult, with_older_defaults, write_json_atomic
 from replay.slo import rules as slo_mod
 
 RESULTS_FILE = "sweep.json"
@@ -506,7 +506,7 @@ class SweepResults(ResultModel):
         if not isinstance(data, dict):
             return data
         if isinstance(data.get("settings"), dict) and isinstance(data["settings"].get("replay"), dict):
-            data = {**data, "settings": {**data["settings"], "replay": with_request_order(data["settings"]["replay"])}}
+            data = {**data, "settings": {**data["settings"], "replay": with_older_defaults(data["settings"]["replay"])}}
         if data.get("schema_version") not in (1, 2):
             return data
         if data["schema_version"] == 1 and isinstance(data.get("settings"), dict):

@@ -4,6 +4,13 @@ A driver starts arrivals through `start(item, scheduled_s)` (one request, or a s
 conversation; replay.load.conversation) until `stop` is set: a closed loop keeps n arrivals
 running, an open loop (Poisson rate, trace replay) starts them on a schedule of offsets. When to
 stop is the window's business (replay.step.window), not the driver's.
+
+A closed loop may ramp up: its n workers start evenly over `ramp_s` seconds instead of all at
+once. Started together, n requests prefill together and, where their lengths are alike, run and
+end nearly in phase, wave after wave: the KV cache peaks when every request of the wave nears its
+end, above what the same load holds once the requests' phases are spread, and a window that opens
+on that wave measures the opening, not the load. Spread over one request duration, the workers'
+phases start out even, which is where a closed loop left to run for long ends up.
 """
 
 from __future__ import annotations
@@ -33,17 +40,24 @@ class RequestCursor:
         return req
 
 
-async def closed_loop(start: Start, cursor: RequestCursor, n: int, stop: asyncio.Event) -> None:
-    """n workers, each sending its next request as soon as its last one ends."""
+async def closed_loop(start: Start, cursor: RequestCursor, n: int, stop: asyncio.Event, *, ramp_s: float = 0.0) -> None:
+    """n workers, each sending its next request as soon as its last one ends; worker i starts
+    i x ramp_s / n seconds in (all at once with no ramp)."""
 
-    async def worker() -> None:
+    async def worker(delay_s: float) -> None:
+        if delay_s > 0:
+            try:
+                await asyncio.wait_for(stop.wait(), delay_s)
+                return
+            except TimeoutError:
+                pass
         while not stop.is_set():
             await start(cursor.next(), None)
 
     # A TaskGroup: should one worker fail, the others stop with it instead of sending on.
     async with asyncio.TaskGroup() as group:
-        for _ in range(n):
-            group.create_task(worker())
+        for i in range(n):
+            group.create_task(worker(i * ramp_s / n))
 
 
 async def open_loop(
@@ -90,12 +104,12 @@ def schedule(load: Load, cursor: RequestCursor, arrivals: Sequence | None) -> It
 
 async def drive(
     load: Load, start: Start, cursor: RequestCursor, stop: asyncio.Event, *, arrivals: Sequence | None,
-    max_inflight: int, clock: Callable[[], float],
+    max_inflight: int, clock: Callable[[], float], ramp_s: float = 0.0,
 ) -> bool:
     """Sends `load` until `stop`. True when it was an open loop that returned by itself: a finite
-    schedule ran out, which ends the window (a trace)."""
+    schedule ran out, which ends the window (a trace). `ramp_s` is a closed loop's ramp-up."""
     if isinstance(load, Concurrency):
-        await closed_loop(start, cursor, load.n, stop)
+        await closed_loop(start, cursor, load.n, stop, ramp_s=ramp_s)
         return False
     await open_loop(start, schedule(load, cursor, arrivals), stop, max_inflight=max_inflight, clock=clock)
     return True

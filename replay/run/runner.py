@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -35,6 +35,22 @@ from replay.step.window import Window
 # (preemptions, vLLM's histograms) are read from them, and a server busy with a full batch on few
 # cores answers /metrics slowly: a periodic scrape may give up sooner, these should not.
 MARK_TIMEOUT_S = 30.0
+# A ramp-up takes at most this share of what is left of the point's budget.
+RAMP_BUDGET_SHARE = 0.25
+
+
+def ramp_for(steps: Sequence[StepResult], n: int, setting: float | None) -> float:
+    """A closed loop of n's ramp-up: `setting` when set; else one request duration, the mean
+    end-to-end time of the closed-loop step nearest n in load (the latest of equals); 0 before
+    any such step."""
+    if setting is not None:
+        return setting
+    measured = [
+        (abs(step.load.value - n), -i, step.e2e_ms.mean / 1000)
+        for i, step in enumerate(steps)
+        if step.load.mode == "concurrency" and step.e2e_ms.mean
+    ]
+    return min(measured)[2] if measured else 0.0
 
 
 class StepMonitor(Protocol):
@@ -74,8 +90,12 @@ class Replay:
         step_monitor: Callable[[], StepMonitor] | None = None,
         probes: Callable[[], list[WindowProbe]] | None = None,
         server_start: int | None = None,
+        known_steps: Sequence[StepResult] = (),
     ) -> None:
         self.client = client
+        # Steps measured on the same point before this run (a first start's, for a fresh server's
+        # confirmation): with the run's own, they size a closed loop's ramp-up (ramp_for).
+        self.known_steps = list(known_steps)
         # Which start of the server the steps run on ([sweep] server_starts); each step carries it,
         # and an undecided step is pooled only with the steps of its own start.
         self.server_start = server_start
@@ -114,14 +134,16 @@ class Replay:
         if isinstance(monitor, WindowProbe):
             probes.append(monitor)
         environment = EnvironmentWatch(probes, self.settings.interference())
+        window = window or self.settings.window(self.slo)
         async with monitor:
             result = await run_step(
                 self.client,
                 self.cursor,
                 load,
                 replace(
-                    window or self.settings.window(self.slo),
+                    window,
                     think_per_request_s=self.think_per_request_s,
+                    ramp_s=self.ramp(load, window),
                     # Judged across steps: the tau and between-step spread of the steps so far.
                     spread=spread_of(
                         self.steps, self.slo, load.n if isinstance(load, Concurrency) else None, start=self.server_start
@@ -149,6 +171,14 @@ class Replay:
         if self.on_step is not None:
             self.on_step(result)
         return result
+
+    def ramp(self, load: Load, window: Window) -> float:
+        if not isinstance(load, Concurrency):
+            return 0.0
+        ramp_s = ramp_for([*self.known_steps, *self.steps], load.n, self.settings.ramp_s)
+        if window.time_budget_s is not None:
+            ramp_s = min(ramp_s, RAMP_BUDGET_SHARE * window.time_budget_s)
+        return ramp_s
 
     async def run_planned(self) -> None:
         for load in planned_loads(self.settings):

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from replay.load.conversation import SessionRunner, ThinkTime
 from replay.load.drivers import RequestCursor, drive
-from replay.load.kinds import Load
+from replay.load.kinds import Concurrency, Load
 from replay.records import RequestRecord
 from replay.results import StepResult, updated
 from replay.server.crosscheck import TTFT_EXCESS_FRACTION, TTFT_EXCESS_MS
@@ -190,6 +190,7 @@ async def run_step(
         ran_out = await drive(
             load, path.send if runner is None else runner.run, cursor, stop_sending,
             arrivals=sessions if sessions is not None else requests, max_inflight=window.max_inflight, clock=clock,
+            ramp_s=window.ramp_s,
         )
         if ran_out:
             state.end_of_arrivals(clock())
@@ -204,6 +205,8 @@ async def run_step(
         records, metrics, slo, max_requests=window.max_requests, sessions=runner, ttft_excess=ttft_excess,
         spread=window.spread,
     )
+    if isinstance(load, Concurrency) and window.ramp_s > 0:
+        result = updated(result, ramp_s=round(window.ramp_s, 3))
     if environment is not None:
         seen, disturbed = environment.judge()
         result = updated(result, environment=seen, disturbed=disturbed)

@@ -1,7 +1,7 @@
 """When a step stops: the warm-up, the measurement window and its closing rules.
 
 The window opens once the warm-up has completed (`warmup_requests` finished and `warmup_s`
-passed). Latency figures come from requests *sent* inside the window; throughput from every
+passed, and a closed loop's ramp-up over: replay.load.drivers). Latency figures come from requests *sent* inside the window; throughput from every
 request that *finished* inside it. The window closes once `min_requests` measured requests have
 finished and `min_window_s` has passed, or at its time limit. Requests still running then are
 drained: awaited, not counted, never failures.
@@ -79,6 +79,9 @@ class Window:
     think_per_request_s: float = 0.0
     # What the point's earlier steps say about the variance a step cannot see (replay.stats.across_steps).
     spread: Spread | None = None
+    # A closed loop's workers start evenly over this many seconds (replay.load.drivers); the
+    # window opens no sooner.
+    ramp_s: float = 0.0
 
     def warmup_for(self, load: Load) -> int:
         if self.warmup_requests is not None:
@@ -166,7 +169,7 @@ class WindowState:
         if self.closed:
             return
         if self.open_s is None:
-            if self.completed >= self.warmup and now - self.started_s >= self.settings.warmup_s:
+            if self.completed >= self.warmup and now - self.started_s >= max(self.settings.warmup_s, self.settings.ramp_s):
                 self._open(now)
             elif self._over_budget(now):
                 # The budget ran out during the warm-up: an empty window, unresolved.

@@ -70,11 +70,13 @@ def test_fixtures_match_the_results_schemas_exactly(name: str, model: type) -> N
     # The fixtures predate `identity` (sweep version 3, replay version 2): they load at the
     # current version, their identity unknown.
     expected = {**expected, "schema_version": model.model_fields["schema_version"].default}
-    # They predate [replay] request_order too: their requests went in the file's order, and say so.
+    # They predate [replay] request_order and ramp_s too: their requests went in the file's order,
+    # their closed loops started at once, and they say so.
+    older = {"request_order": "file", "ramp_s": 0.0}
     if model is ReplayResults:
-        expected = {**expected, "settings": {**expected["settings"], "request_order": "file"}}
+        expected = {**expected, "settings": {**older, **expected["settings"]}}
     elif "replay" in expected["settings"]:
-        expected = {**expected, "settings": {**expected["settings"], "replay": {**expected["settings"]["replay"], "request_order": "file"}}}
+        expected = {**expected, "settings": {**expected["settings"], "replay": {**older, **expected["settings"]["replay"]}}}
     # The models ignore unknown keys, so a misspelled fixture key would vanish in the round trip.
     # Fields added since a fixture was recorded take their defaults and are left out (exclude_unset):
     # older results must keep loading.

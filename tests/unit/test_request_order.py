@@ -110,5 +110,5 @@ def test_results_written_before_the_key_read_as_the_files_order():
     sweep = json.loads((FIXTURES / "sweep" / "sweep.json").read_text())
     sweep["settings"]["replay"] = {"min_requests": 100}
     assert SweepResults.model_validate(sweep).settings.model_dump()["replay"] == {
-        "min_requests": 100, "request_order": "file",
+        "min_requests": 100, "request_order": "file", "ramp_s": 0.0,
     }

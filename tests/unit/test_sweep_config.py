@@ -323,13 +323,22 @@ def test_vllms_ray_backend_is_refused_on_the_ray_executor(tmp_path):
         load_settings(write(tmp_path, in_grid + '\n[executor]\nkind = "ray"\n'))
 
 
-def test_the_file_order_keeps_the_fingerprint_results_had_before_request_order(tmp_path):
-    # Before [replay] request_order, requests went in the file's order. Under "file" a --resume finds
-    # the points measured then (their fingerprint, computed at c28ea28 from this same config, is
-    # the constant below); under the new default "mixed" they are measured again.
+def test_the_old_ways_keep_the_fingerprints_results_had_before_request_order_and_ramp_s(tmp_path):
+    # Before [replay] request_order and ramp_s, requests went in the file's order and closed loops
+    # started at once. Under "file" and 0 a --resume finds the points measured then (their
+    # fingerprint, computed at c28ea28 from this same config, is the constant below); under the
+    # new defaults, or either one alone, they are measured again.
     settings = load_settings(write(tmp_path, BASE.replace("./models/tiny", "/models/tiny")))
     point = expand(settings)[0]
-    in_file = settings.model_copy(update={"replay": settings.replay.model_copy(update={"request_order": "file"})})
-    assert settings.replay.request_order == "mixed"
-    assert fingerprint(in_file, point, corpus_sha256="a" * 64, vllm_version="0.32.0") == "eba1a17faa040bf3"
-    assert fingerprint(settings, point, corpus_sha256="a" * 64, vllm_version="0.32.0") != "eba1a17faa040bf3"
+
+    def under(**changes) -> str:
+        changed = settings.model_copy(update={"replay": settings.replay.model_copy(update=changes)})
+        return fingerprint(changed, point, corpus_sha256="a" * 64, vllm_version="0.32.0")
+
+    assert settings.replay.request_order == "mixed" and settings.replay.ramp_s is None
+    assert under(request_order="file", ramp_s=0.0) == "eba1a17faa040bf3"
+    assert under() != "eba1a17faa040bf3"
+    assert under(request_order="file") != "eba1a17faa040bf3"
+    assert under(ramp_s=0.0) != "eba1a17faa040bf3"
+    # At da8581c, the mixed order's fingerprint of this config (before ramp_s): kept under ramp_s = 0.
+    assert under(ramp_s=0.0) == "2d1adf80a5a6ddce"
