@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument(
         "--ramp-s", type=float, default=None,
         help="a closed loop's workers start evenly over this many seconds (default: one request duration, "
-        "measured by the earlier step nearest in load; 0: all at once)",
+        "as the earlier step nearest in load measured it; 0: all at once)",
     )
     load.add_argument(
         "--think-time-s", type=float, default=0.0,

@@ -40,17 +40,25 @@ RAMP_BUDGET_SHARE = 0.25
 
 
 def ramp_for(steps: Sequence[StepResult], n: int, setting: float | None) -> float:
-    """A closed loop of n's ramp-up: `setting` when set; else one request duration, the mean
-    end-to-end time of the closed-loop step nearest n in load (the latest of equals); 0 before
-    any such step."""
+    """A closed loop of n's ramp-up: `setting` when set; else one request duration measured by
+    the closed-loop step nearest n in load (the latest of equals); 0 before any such step."""
     if setting is not None:
         return setting
     measured = [
-        (abs(step.load.value - n), -i, step.e2e_ms.mean / 1000)
+        (abs(step.load.value - n), -i, duration)
         for i, step in enumerate(steps)
-        if step.load.mode == "concurrency" and step.e2e_ms.mean
+        if step.load.mode == "concurrency" and (duration := request_duration(step))
     ]
     return min(measured)[2] if measured else 0.0
+
+
+def request_duration(step: StepResult) -> float | None:
+    """A closed-loop step's mean request duration in seconds, by Little's law: its load over the
+    requests it finished a second. The window's measured requests would read short, since those
+    sent late and still running when it closed are drained, not measured."""
+    if step.requests_per_s > 0:
+        return step.load.value / step.requests_per_s
+    return step.e2e_ms.mean / 1000 if step.e2e_ms.mean else None
 
 
 class StepMonitor(Protocol):

@@ -43,9 +43,9 @@ class ReplaySettings(BaseModel):
     # trace (its timestamps order it) or a session corpus.
     request_order: RequestOrder = "mixed"
     # A closed loop's ramp-up, in seconds: its workers start evenly over it instead of all at once
-    # (replay.load.drivers), and the window opens no sooner. Unset: one request duration, the mean
-    # end-to-end time the run's earlier step nearest in load measured (none on a run's first step).
-    # 0: all at once, as before the key.
+    # (replay.load.drivers), and the window opens no sooner. Unset: one request duration, as the
+    # run's earlier step nearest in load measured it (its load over its throughput; none on a run's
+    # first step). 0: all at once, as before the key.
     ramp_s: float | None = Field(default=None, ge=0)
     # Session corpora: the user's reading time before a turn whose line has no think_time_s,
     # its mean in seconds and its distribution (replay.load.conversation.ThinkTime).

@@ -84,27 +84,39 @@ def test_an_open_loop_has_no_ramp():
     assert result.ramp_s == 0.0
 
 
-def step_at(n: int, e2e_mean_ms: float | None, mode: str = "concurrency"):
+def step_at(n: int, duration_s: float | None, mode: str = "concurrency", *, e2e_mean_ms: float | None = None):
+    """A step at n whose requests lasted `duration_s` by Little's law (n finished a duration)."""
     e2e = LatencySummary(mean=e2e_mean_ms, p50=None, p90=None, p95=None, p99=None, max=None)
-    return make_step(load=LoadSpec(mode=mode, value=n), e2e_ms=e2e)
+    return make_step(
+        load=LoadSpec(mode=mode, value=n), e2e_ms=e2e, requests_per_s=n / duration_s if duration_s else 0.0
+    )
 
 
-def test_the_ramp_is_the_mean_request_duration_of_the_step_nearest_in_load():
-    steps = [step_at(20, 1000), step_at(50, 3000), step_at(40, 2500), step_at(40, 2600)]
-    assert ramp_for(steps, 48, None) == 3.0
+def test_the_ramp_is_the_request_duration_of_the_step_nearest_in_load():
+    steps = [step_at(20, 1.0), step_at(50, 3.0), step_at(40, 2.5), step_at(40, 2.6)]
+    assert ramp_for(steps, 48, None) == pytest.approx(3.0)
     # Two steps as near: the latest.
-    assert ramp_for(steps, 41, None) == 2.6
-    assert ramp_for(steps, 45, None) == 2.6
+    assert ramp_for(steps, 41, None) == pytest.approx(2.6)
+    assert ramp_for(steps, 45, None) == pytest.approx(2.6)
     # A setting wins, 0 included; no closed-loop step measured yet: at once.
     assert ramp_for(steps, 48, 0.0) == 0.0
     assert ramp_for(steps, 48, 7.5) == 7.5
     assert ramp_for([], 48, None) == 0.0
-    assert ramp_for([step_at(5, 900, mode="rate"), step_at(30, None)], 48, None) == 0.0
+    assert ramp_for([step_at(5, 0.9, mode="rate"), step_at(30, None)], 48, None) == 0.0
+
+
+def test_the_duration_is_the_load_over_the_throughput_not_the_measured_requests_mean():
+    # A window drains the requests sent late that were still running when it closed, so its
+    # measured requests' mean end-to-end time reads short of the loop's cycle: 50 in flight
+    # finishing 10 a second last 5 s each, whatever the measured mean says.
+    assert ramp_for([step_at(50, 5.0, e2e_mean_ms=2600)], 50, None) == pytest.approx(5.0)
+    # With no request finished in the window, the measured mean is all there is.
+    assert ramp_for([step_at(50, None, e2e_mean_ms=2600)], 50, None) == pytest.approx(2.6)
 
 
 def test_a_ramp_takes_at_most_a_share_of_what_is_left_of_the_budget():
     corpus = type("Corpus", (), {"requests": CORPUS, "sessions": None})()
-    replay = Replay(None, corpus, ReplaySettings(request_order="file"), {}, known_steps=[step_at(50, 40_000)])
+    replay = Replay(None, corpus, ReplaySettings(request_order="file"), {}, known_steps=[step_at(50, 40.0)])
     assert replay.ramp(Concurrency(50), Window()) == 40.0
     assert replay.ramp(Concurrency(50), Window(time_budget_s=100.0)) == RAMP_BUDGET_SHARE * 100.0
     assert replay.ramp(PoissonRate(5.0, seed=0), Window()) == 0.0
