@@ -21,8 +21,9 @@ Targets:
   `--step-idle-s`, shorter than the pause between two steps), and spurious preemptions
   (`--preemption-rate`, per request per request running). SLO tpot_p90_ms = 70.5 and max_preemptions = 0 by default.
   With `--kv-cache-tokens N` the fake also has a KV pool of N tokens, and a request that finds it
-  full is preempted, as on vLLM: preemptions from a pool that fills (340 puts its knee near 24,
-  under TPOT's 34; add kv_cache_usage_max=0.95 to `--slo` for the CPU demo's rules).
+  full is preempted, as on vLLM: preemptions from a pool that fills (340 puts its knee at 26-27
+  with closed loops ramped up, near 24 with every worker started at once; under TPOT's 34; add
+  kv_cache_usage_max=0.95 to `--slo` for the CPU demo's rules).
 - `--target url --url URL --corpus PATH`: a running server, for example the CPU demo's 32M point
   (examples/cpu-demo.toml: start its vLLM with --kv-cache-memory-bytes 32M --max-model-len 12288
   and pass prompts/prod.jsonl); the SLO defaults to that demo's, and `--start 59` starts each
