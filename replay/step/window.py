@@ -1,7 +1,9 @@
 """When a step stops: the warm-up, the measurement window and its closing rules.
 
 The window opens once the warm-up has completed (`warmup_requests` finished and `warmup_s`
-passed, and a closed loop's ramp-up over: replay.load.drivers). Latency figures come from requests *sent* inside the window; throughput from every
+passed). Under a closed loop's ramp-up (replay.load.drivers) only requests sent after the ramp
+count toward the warm-up and its request duration: those sent during it ran at a part of the load,
+and read short. Latency figures come from requests *sent* inside the window; throughput from every
 request that *finished* inside it. The window closes once `min_requests` measured requests have
 finished and `min_window_s` has passed, or at its time limit. Requests still running then are
 drained: awaited, not counted, never failures.
@@ -127,6 +129,8 @@ class WindowState:
     next_check: int = 0
     next_early_check: int = EARLY_FAIL_REQUESTS
     completed: int = 0
+    # Of them, the warm-up's: finished before the window opened, sent after the ramp-up.
+    warmed: int = 0
     open_s: float | None = None
     close_s: float | None = None
     # requests, verdict, time, budget, stall, trace_end or abort
@@ -169,7 +173,7 @@ class WindowState:
         if self.closed:
             return
         if self.open_s is None:
-            if self.completed >= self.warmup and now - self.started_s >= max(self.settings.warmup_s, self.settings.ramp_s):
+            if self.warmed >= self.warmup and now - self.started_s >= max(self.settings.warmup_s, self.settings.ramp_s):
                 self._open(now)
             elif self._over_budget(now):
                 # The budget ran out during the warm-up: an empty window, unresolved.
@@ -226,8 +230,10 @@ class WindowState:
         self.completed += 1
         measured = False
         if self.open_s is None:
-            if rec.ok:
-                self.warmup_durations.append(rec.e2e_s)
+            if rec.send_s >= self.started_s + self.settings.ramp_s:
+                self.warmed += 1
+                if rec.ok:
+                    self.warmup_durations.append(rec.e2e_s)
         elif not self.closed:
             self.finished_inside.append(rec)
             if rec.send_s >= self.open_s:

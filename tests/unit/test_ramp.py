@@ -7,6 +7,7 @@ import pytest
 
 from replay.load.drivers import RequestCursor
 from replay.load.kinds import Concurrency, PoissonRate
+from replay.records import RequestRecord
 from replay.results import LatencySummary, LoadSpec
 from replay.run.runner import RAMP_BUDGET_SHARE, Replay, ramp_for
 from replay.run.settings import ReplaySettings
@@ -52,13 +53,37 @@ def test_the_window_opens_no_sooner_than_the_ramp_ends():
     assert sum(t >= 1.0 for t in sent) >= 20
 
 
+def record(send_s: float, end_s: float) -> RequestRecord:
+    return RequestRecord(
+        request_id="r", send_s=send_s, end_s=end_s, first_token_s=send_s + 0.01, token_times_s=[send_s + 0.01, end_s],
+        prompt_tokens=10, completion_tokens=2,
+    )
+
+
 def test_a_window_state_with_its_warmup_done_waits_for_the_ramp():
     state = WindowState(warmup=2, settings=Window(ramp_s=5.0), started_s=0.0, on_close=lambda: None)
-    state.completed = 2
+    state.warmed = 2
     state.tick(4.9)
     assert state.open_s is None
     state.tick(5.0)
     assert state.open_s == 5.0
+
+
+def test_requests_sent_during_the_ramp_count_neither_to_the_warmup_nor_to_its_duration():
+    # Sent while few workers ran, they read short: a window sized from them ran out of time at 60
+    # in flight on vLLM with 3 requests measured.
+    state = WindowState(
+        warmup=2, settings=Window(ramp_s=5.0, max_window_s=None, min_requests=10), started_s=0.0,
+        on_close=lambda: None, load=Concurrency(4),
+    )
+    for send_s in (0.0, 1.25, 2.5, 3.75):
+        state.finish(record(send_s, send_s + 0.5))
+    state.tick(5.0)
+    assert state.open_s is None and state.warmed == 0
+    state.finish(record(5.0, 8.0))
+    state.finish(record(5.5, 9.0))
+    assert state.open_s == 9.0
+    assert state.request_duration_s == pytest.approx(3.25)
 
 
 def test_a_stop_during_the_ramp_ends_the_step_without_the_waiting_workers():
