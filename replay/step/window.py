@@ -180,8 +180,9 @@ class WindowState:
                 self.open_s = now
                 self.on_open()
                 self.close(now, "budget")
-            elif now - self.started_s >= (self.settings.max_window_s or self.settings.warmup_timeout_s):
-                # The warm-up itself never finished (a stalled server): an empty window, whose
+            elif now - self.started_s >= self.settings.ramp_s + (self.settings.max_window_s or self.settings.warmup_timeout_s):
+                # The warm-up itself never finished (a stalled server; its time counts from the
+                # ramp-up's end, since only requests sent after it warm up): an empty window, whose
                 # latency SLOs fail for want of any completed request.
                 self.open_s = now
                 self.on_open()

@@ -145,3 +145,15 @@ def test_a_ramp_takes_at_most_a_share_of_what_is_left_of_the_budget():
     assert replay.ramp(Concurrency(50), Window()) == 40.0
     assert replay.ramp(Concurrency(50), Window(time_budget_s=100.0)) == RAMP_BUDGET_SHARE * 100.0
     assert replay.ramp(PoissonRate(5.0, seed=0), Window()) == 0.0
+
+
+def test_the_warmup_deadline_counts_from_the_ramps_end():
+    # A window of at most 0.3 s also bounds its warm-up: counted from the step's start, a 0.12 s
+    # ramp left the warm-up 0.18 s, and a step at 2 in flight on 0.1 s requests stalled.
+    state = WindowState(
+        warmup=2, settings=Window(ramp_s=0.12, max_window_s=0.3), started_s=0.0, on_close=lambda: None,
+    )
+    state.tick(0.35)
+    assert state.closed_by is None
+    state.tick(0.42)
+    assert state.closed_by == "stall"
