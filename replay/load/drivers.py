@@ -40,17 +40,24 @@ class RequestCursor:
         return req
 
 
+async def stopped_within(stop: asyncio.Event, delay_s: float) -> bool:
+    """Waits `delay_s` seconds (none when not positive) unless `stop` is set first; True when it was."""
+    if delay_s <= 0:
+        return False
+    try:
+        await asyncio.wait_for(stop.wait(), delay_s)
+        return True
+    except TimeoutError:
+        return False
+
+
 async def closed_loop(start: Start, cursor: RequestCursor, n: int, stop: asyncio.Event, *, ramp_s: float = 0.0) -> None:
     """n workers, each sending its next request as soon as its last one ends; worker i starts
     i x ramp_s / n seconds in (all at once with no ramp)."""
 
     async def worker(delay_s: float) -> None:
-        if delay_s > 0:
-            try:
-                await asyncio.wait_for(stop.wait(), delay_s)
-                return
-            except TimeoutError:
-                pass
+        if await stopped_within(stop, delay_s):
+            return
         while not stop.is_set():
             await start(cursor.next(), None)
 
@@ -73,13 +80,8 @@ async def open_loop(
     for offset, item in schedule:
         if stop.is_set():
             break
-        delay = t0 + offset - clock()
-        if delay > 0:
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-                break
-            except TimeoutError:
-                pass
+        if await stopped_within(stop, t0 + offset - clock()):
+            break
         await slots.acquire()
         task = asyncio.create_task(start(item, t0 + offset))
         inflight.add(task)

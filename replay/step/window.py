@@ -128,8 +128,7 @@ class WindowState:
     server_undecided: Callable[[], bool] | None = None
     next_check: int = 0
     next_early_check: int = EARLY_FAIL_REQUESTS
-    completed: int = 0
-    # Of them, the warm-up's: finished before the window opened, sent after the ramp-up.
+    # Requests of the warm-up that finished: before the window opened, sent after the ramp-up.
     warmed: int = 0
     open_s: float | None = None
     close_s: float | None = None
@@ -228,7 +227,6 @@ class WindowState:
 
     def finish(self, rec: RequestRecord) -> bool:
         """Account one finished request; True when it is measured."""
-        self.completed += 1
         measured = False
         if self.open_s is None:
             if rec.send_s >= self.started_s + self.settings.ramp_s:
