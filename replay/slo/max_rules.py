@@ -9,7 +9,9 @@ window's length:
   every step: no preemption while the window's first `EXPOSURE_REQUESTS` measured requests ran
   (from the window's open to the end of the last of them, in arrival order; vLLM's counter is
   read at the first scrape after that end, so the span is up to one scrape interval longer).
-  Preemptions after that exposure are counted in the rate, not in this rule.
+  Preemptions after that exposure are counted in the rate, not in this rule. A window that ran
+  out of time (or budget) before that many requests (or before its own lower `min_requests`) and
+  saw none is inconclusive, not a pass: it did not observe the minimum.
 - **max_preemptions = N > 0** is a rate: at most N preemptions per `EXPOSURE_REQUESTS` requests.
   The window's preemptions per measured request get an exact Poisson 95% interval (Garwood); the
   rule passes when the whole interval is at or below N / EXPOSURE_REQUESTS, fails when it is
@@ -42,6 +44,8 @@ EXPOSURE_REQUESTS = 100
 KV_ABOVE_SHARE_LIMIT = 0.05
 # The fewest samples a KV share is judged on: one sample above the bound in this many is the limit.
 KV_MIN_SAMPLES = round(1 / KV_ABOVE_SHARE_LIMIT)
+# How a window closes before its count: on its time limit, or on the point's time budget.
+SHORT_CLOSES = ("time", "budget")
 _ALPHA_SIDE = 0.025
 
 
@@ -180,14 +184,26 @@ def figures(
     return out
 
 
-def verdict(step: StepResult, key: str, bound: float) -> Verdict | None:
+def short_of_exposure(step: StepResult, min_requests: int | None = None) -> bool:
+    """Whether the window ran out of time (or the point's budget) before it measured the stated
+    minimum observation: `EXPOSURE_REQUESTS` requests, or the window's own lower `min_requests`
+    (a window that closed on that count observed what it was given; None: not known)."""
+    floor = EXPOSURE_REQUESTS if min_requests is None else min(EXPOSURE_REQUESTS, min_requests)
+    return step.window_closed_by in SHORT_CLOSES and step.requests_ok + step.requests_failed < floor
+
+
+def verdict(step: StepResult, key: str, bound: float, min_requests: int | None = None) -> Verdict | None:
     """The rule's verdict on the length-independent figure; None when the step lacks it (judged
-    as before, on the window's count or peak)."""
+    as before, on the window's count or peak). `min_requests` is the window's minimum."""
     if key == "max_preemptions":
         if bound == 0:
             if step.preemptions_in_exposure is None:
                 return None
-            return "pass" if step.preemptions_in_exposure == 0 else "fail"
+            if step.preemptions_in_exposure > 0:
+                return "fail"
+            # None seen over fewer requests than the stated minimum observation, in a window that
+            # ran out of time before it: not a pass.
+            return "inconclusive" if short_of_exposure(step, min_requests) else "pass"
         ci = step.preemptions_per_request_ci95
         if ci is None:
             return None

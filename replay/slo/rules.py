@@ -211,6 +211,7 @@ def verdicts(
     slo: Mapping[str, float],
     samples: Mapping[str, Sequence[float]] | None = None,
     spread: across_steps.Spread | None = None,
+    min_requests: int | None = None,
 ) -> tuple[dict[str, Verdict], list[str]]:
     """Per-SLO verdicts for a step, and the SLOs that could not be checked (left out of the first,
     except a server figure the window failed to sample, which is there as inconclusive).
@@ -219,7 +220,7 @@ def verdicts(
     judged across steps by `across_steps.quantile_check` (its tau floored, its bound moved by the
     between-step margin that `spread`, read from the point's earlier steps, gives) and, where that
     leaves it undecided, by `across_steps.pooled_check` on the steps around its load; without them
-    (a saved result) by its ci95."""
+    (a saved result) by its ci95. `min_requests` is the window's minimum (replay.slo.max_rules)."""
     violations, unverified = evaluate(step, slo)
     out: dict[str, Verdict] = {}
     for key, bound in slo.items():
@@ -253,7 +254,7 @@ def verdicts(
                 out[key] = _interval_verdict(ci, point, bound, upper=True)
         elif key == ATTAINMENT_KEY and bound < 1 and step.slo_attainment is not None:
             out[key] = _interval_verdict(step.slo_attainment_ci95, step.slo_attainment, bound, upper=False)
-        elif (judged := max_rules.verdict(step, key, bound)) is not None:
+        elif (judged := max_rules.verdict(step, key, bound, min_requests)) is not None:
             out[key] = judged
         else:
             out[key] = "fail" if key in violations else "pass"

@@ -121,7 +121,7 @@ def client_finished(records: StepRecords, metrics: MetricSnapshots | None) -> in
 
 def slo_fields(
     result: StepResult, records: StepRecords, slo: dict[str, float], max_requests: int | None,
-    spread: Spread | None = None,
+    spread: Spread | None = None, min_requests: int | None = None,
 ) -> dict:
     """The step's verdicts: each rule's, and the step's, and the test that passed each percentile
     rule (replay.slo.exceedance). A window that ran out of time before its bounds were finite,
@@ -130,7 +130,7 @@ def slo_fields(
     steps; their intervals and taus are kept."""
     spec = records.load.spec()
     samples = latency_samples(list(records.measured), spec)
-    rule_verdicts, unverified = slo_mod.verdicts(result, slo, samples, spread)
+    rule_verdicts, unverified = slo_mod.verdicts(result, slo, samples, spread, min_requests)
     verdict = slo_mod.step_verdict(rule_verdicts)
     across = checks(slo, samples, spread)
     if records.closed_by in ("time", "budget") and verdict != "pass":
@@ -179,13 +179,15 @@ def step_result(
     slo: dict[str, float] | None,
     *,
     max_requests: int | None = None,
+    min_requests: int | None = None,
     sessions: SessionFigures | None = None,
     ttft_excess: tuple[float, float] = (TTFT_EXCESS_MS, TTFT_EXCESS_FRACTION),
     spread: Spread | None = None,
 ) -> StepResult:
     """The step's result: its figures (replay.step.figures), vLLM's over the same window, the
     client checked against them (replay.server.crosscheck), the sessions' figures, and the SLO
-    verdicts. `max_requests` is the window's (an unresolved verdict needs it); `spread` what the
+    verdicts. `max_requests` and `min_requests` are the window's (an unresolved verdict needs the
+    first; the strict preemption rule's minimum observation, the second); `spread` what the
     point's earlier steps say (replay.stats.across_steps)."""
     spec = records.load.spec()
     result = build_result(
@@ -224,5 +226,5 @@ def step_result(
                 result,
                 **max_rules.figures(metrics.samples, records.open_s, records.close_s, measured, result, slo),
             )
-        result = updated(result, **slo_fields(result, records, slo, max_requests, spread))
+        result = updated(result, **slo_fields(result, records, slo, max_requests, spread, min_requests))
     return result

@@ -202,8 +202,8 @@ async def run_step(
     )
     metrics = MetricSnapshots.of(scraper) if scraper is not None else None
     result = step_result(
-        records, metrics, slo, max_requests=window.max_requests, sessions=runner, ttft_excess=ttft_excess,
-        spread=window.spread,
+        records, metrics, slo, max_requests=window.max_requests, min_requests=window.min_requests,
+        sessions=runner, ttft_excess=ttft_excess, spread=window.spread,
     )
     if isinstance(load, Concurrency) and window.ramp_s > 0:
         result = updated(result, ramp_s=round(window.ramp_s, 3))

@@ -175,3 +175,31 @@ def test_a_window_whose_samples_saw_no_work_measures_on_until_one_does():
     assert not step.server.samples_saw_no_work and step.server.running_peak == 4
     assert step.slo_verdicts == {"kv_cache_usage_max": "pass"} and step.slo_pass
     assert step.requests_ok > 4 and step.requests_ok < 4000
+
+
+def test_none_preempted_in_a_window_out_of_time_before_its_exposure_is_not_a_pass():
+    # The e2e guard's step at 60 in flight: its window closed on time with 3 measured requests
+    # and saw no preemption. That is not the stated minimum observation of max_preemptions = 0.
+    rule = {"max_preemptions": 0.0}
+    server = ServerSummary(metrics_available=True, preemptions=0.0)
+
+    def judged(n: int, closed_by: str, seen: float = 0.0, min_requests: int | None = None) -> str:
+        step = make_step(requests_ok=n, requests_failed=0, window_closed_by=closed_by, server=server,
+                         preemptions_in_exposure=seen)
+        return slo.verdicts(step, rule, min_requests=min_requests)[0]["max_preemptions"]
+
+    assert judged(3, "time") == judged(99, "budget") == "inconclusive"
+    assert judged(3, "time", seen=1.0) == "fail"  # one seen settles it at any length
+    assert judged(100, "time") == "pass"
+    # A window that closed on its own (lower) minimum count met the observation it was given; one
+    # that ran out of time past that count observed as much.
+    assert judged(30, "requests", min_requests=30) == judged(30, "verdict") == "pass"
+    assert judged(50, "time", min_requests=30) == "pass"
+    assert judged(20, "time", min_requests=30) == "inconclusive"
+    short = make_step(requests_ok=3, requests_failed=0, window_closed_by="time", server=server,
+                      preemptions_in_exposure=0.0)
+    verdicts = slo.verdicts(short, rule)[0]
+    assert slo.evaluate(short, rule) == ([], [])  # undecided is no violation of what was measured
+    # Out of time with nothing broken: unresolved, not failed, and not passed.
+    assert slo.only_short_of_time(short, rule, verdicts, max_requests=400)
+

@@ -83,6 +83,24 @@ def test_server_figures_come_from_the_snapshots_inside_the_window():
     assert result.slo_verdicts["max_preemptions"] == "fail" and result.slo_views["max_preemptions"] == "server"
 
 
+def test_no_preemption_in_a_window_out_of_time_short_of_its_minimum_is_unresolved_not_passed():
+    # The counter read 0 preemptions at both edges of a window that ran out of time with 12
+    # measured requests: the strict rule did not observe its minimum.
+    samples = [
+        Sample(t_s=9.0, kv_cache_usage=0.1, running=4, waiting=0, preemptions=0),
+        Sample(t_s=15.0, kv_cache_usage=0.5, running=4, waiting=0, preemptions=0),
+        Sample(t_s=20.4, kv_cache_usage=0.5, running=4, waiting=0, preemptions=0, sent_s=20.0),
+    ]
+    metrics = MetricSnapshots(samples=samples, note=None, histograms={}, window=None)
+    slo = {"max_preemptions": 0}
+    short = step_result(records(steady(12), closed_by="time"), metrics, slo, max_requests=400, min_requests=100)
+    assert short.preemptions_in_exposure == 0
+    assert short.slo_verdicts == {"max_preemptions": "inconclusive"} and short.slo_verdict == "unresolved"
+    # Closed on its own minimum of 12 requests, the same window observed what it was given.
+    counted = step_result(records(steady(12), closed_by="requests"), metrics, slo, max_requests=400, min_requests=12)
+    assert counted.slo_verdicts == {"max_preemptions": "pass"} and counted.slo_pass
+
+
 def test_the_client_counts_finished_requests_between_the_server_snapshots():
     measured = steady(100)
     recs = records(measured)
