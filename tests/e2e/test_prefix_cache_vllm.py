@@ -31,7 +31,7 @@ from tests.e2e.support import CPU_BLOCK_SIZE
 pytestmark = pytest.mark.e2e
 
 CONCURRENCY, MAX_TOKENS = 8, 64
-# Windows measured while their /metrics samples caught no request running (see the test).
+# Windows measured while their /metrics samples caught no request, or one, running (see the test).
 MEASURE_ATTEMPTS = 3
 HIT_RATE_TOLERANCE, KV_PEAK_TOLERANCE = 0.05, 0.15
 WORDS = "the planner sizes a fleet of servers from measured latency and memory of each request in flight".split()
@@ -75,8 +75,12 @@ def test_hit_rate_and_kv_peak_follow_the_prefix_model(shared_server, tmp_path: P
         results = asyncio.run(run_replay(url=shared_server.url, corpus=corpus, settings=settings, slo={"ttft_p50_ms": 600000}))
         (step,) = results.steps
         server = step.server
-        if server.running_peak:
+        if server.running_peak and server.running_peak >= 2:
             break
+        if server.running_peak:
+            # Samples that caught one request running at most (a CI run at 5ad4a12: the client
+            # loop starved on two cores) cannot show the sharing either: measured again.
+            continue
         if not server.window_sampled:
             continue  # no sample in the window at all: said so by window_sampled, checked below
         assert server.running_peak is None and server.kv_cache_usage_peak is None, server
