@@ -133,7 +133,7 @@ def slo_fields(
     rule_verdicts, unverified = slo_mod.verdicts(result, slo, samples, spread, min_requests)
     verdict = slo_mod.step_verdict(rule_verdicts)
     across = checks(slo, samples, spread)
-    if records.closed_by in ("time", "budget") and verdict != "pass":
+    if records.closed_by in max_rules.SHORT_CLOSES and verdict != "pass":
         if slo_mod.only_short_of_time(result, slo, rule_verdicts, max_requests):
             verdict = "unresolved"
     return dict(
