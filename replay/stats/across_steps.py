@@ -373,8 +373,10 @@ def log_scatter(points: Sequence[tuple[float, float, float | None, int | None]])
     """From (load, log figure, within-step variance or None, requests or None) per step: the
     between-step standard deviation, by the method of moments on the residuals around the monotone
     fit, each step weighted by its precision (1 / its within-step variance), as a random-effects
-    meta-analysis weighs its studies: E[Q] = dof + tau2 x dof x mean weight, where Q is the
-    weighted residual sum of squares and dof the steps less the fitted levels. Without weights the
+    meta-analysis weighs its studies: E[Q] = dof + tau2 x sum over the fit's blocks of
+    (S1 - S2 / S1), DerSimonian and Laird's estimator, where Q is the weighted residual sum of
+    squares, dof the steps less the fitted levels, and S1 and S2 a block's sum of weights and of
+    their squares. Without weights the
     same estimator is the residual variance less the mean within-step variance.
 
     A step whose interval is open on a side (too few requests for the rank) has no within variance
@@ -412,7 +414,17 @@ def _scatter(points: Sequence[tuple[float, float, float | None, int | None]]) ->
         return 0.0, False
     if weighted:
         q = sum(w * (y - fitted[x]) ** 2 for (x, y, _, _), w in zip(points, weights))
-        return math.sqrt(max(0.0, (q - dof) / (dof * float(np.mean(weights))))), True
+        # DerSimonian-Laird's denominator, summed over the fit's blocks (the steps whose loads share
+        # a fitted level): E[Q] = dof + tau2 x sum(S1 - S2 / S1). dof x mean weight equals it only
+        # for equal weights; beside a near-exact step it read the scatter 10^4 times too small.
+        denominator = 0.0
+        for level in set(fitted.values()):
+            block = [w for (x, _, _, _), w in zip(points, weights) if fitted[x] == level]
+            s1 = sum(block)
+            denominator += s1 - sum(w * w for w in block) / s1
+        if denominator <= 0:
+            return 0.0, True
+        return math.sqrt(max(0.0, (q - dof) / denominator)), True
     rss = sum((y - fitted[x]) ** 2 for x, y, _, _ in points)
     own = [v for v in variances if v is not None]
     return math.sqrt(max(0.0, rss / dof - (float(np.mean(own)) if own else 0.0))), True

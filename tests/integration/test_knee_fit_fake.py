@@ -20,11 +20,9 @@ from tests.fakes.openai_server import Behavior, FakeServer
 
 # TPOT 20 ms against a 100 ms bound: a clear pass even on a busy machine (the fake shares the
 # client's event loop), with room for the between-step margin a contested load brings. Each
-# request's gaps vary by a lognormal factor (sigma 0.1), as an engine's do: without it the slow
-# step read TPOT p90 300.25 ms to a few microseconds, a within-step variance 10^5 below the fast
-# step's, and the between-step estimator's weighting (replay.stats.across_steps.log_scatter, dof x
-# mean weight for the exact sum(w) - sum(w^2) / sum(w)) read the pair's scatter as 0.01-0.08 in
-# 6 runs of 11 instead of the cap.
+# request's gaps vary by a lognormal factor (sigma 0.1), as an engine's do, so the test does not
+# rest on a step whose TPOT p90 is exact to microseconds (a within-step variance 10^5 below the
+# fast step's; replay.stats.across_steps.log_scatter weighs steps by it).
 FAST = Behavior(itl_s=0.02, ttft_s=0.002, slowness_sigma=0.1)
 # Fifteen times slower: TPOT 300 ms, a conclusive failure in a short window.
 SLOW = replace(FAST, itl_s=0.3)

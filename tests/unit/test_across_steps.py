@@ -108,16 +108,48 @@ def test_log_scatter_reads_spread_only_from_repeated_or_out_of_order_steps() -> 
 def test_a_short_step_with_an_open_interval_weighs_what_its_requests_say() -> None:
     # The repeatability benchmark's search that answered 24: 400-request steps agree within their
     # own intervals (within variance 0.0006 on the log scale), and a 10-request step at 30 whose
-    # p90 interval was open read 51 ms among 400-request steps reading 58-63 ms. Weighed as one
-    # step among equals it made a margin of 0.08 that turned every verdict from 25 to 29
-    # inconclusive; weighed by its ten requests it is its own noise.
+    # p90 interval was open read low among 400-request steps reading 58-63 ms. It is given the
+    # variance its ten requests imply (0.024: 40 times a 400-request step's).
     long = [(24, math.log(54.3), 0.0006, 400), (28, math.log(58.2), 0.0006, 400), (29, math.log(62.7), 0.0006, 400)]
-    short = (30, math.log(51.3), None, 10)
-    assert log_scatter([*long, short]) < 0.03  # the steps weighed alike: 0.098
+    # 55 ms on ten requests is within their own noise: no spread. From 400 requests it is one.
+    assert log_scatter([*long, (30, math.log(55.0), None, 10)]) == 0.0
+    assert log_scatter([*long, (30, math.log(55.0), 0.0006, 400)]) > 0.05
+    # 51.3 ms, 1.3 of its own sd below the fit, shows some spread, less than the same reading from a
+    # 400-request step, and less than the steps weighed alike read.
+    short = log_scatter([*long, (30, math.log(51.3), None, 10)])
+    assert 0.0 < short < log_scatter([*long, (30, math.log(51.3), 0.0006, 400)])
+    assert short < log_scatter([(x, y, None, None) for x, y, _, _ in [*long, (30, math.log(51.3), None, 10)]])
     # The same low reading from a 400-request step, beside another that read 64 ms, is a spread.
     assert log_scatter([*long, (30, math.log(51.3), 0.0006, 400), (30, math.log(64.0), 0.0006, 400)]) > 0.05
     # Steps of unequal length that agree within their own intervals: no spread.
     assert log_scatter([(20, 0.10, 0.004, 100), (20, 0.12, 0.001, 400)]) == 0.0
+
+
+def test_a_near_exact_step_beside_a_noisy_one_still_shows_their_scatter() -> None:
+    # The knee-fit fake with no per-request noise: a slow step read TPOT p90 300.25 ms to a few
+    # microseconds (within variance 1e-8) beside a fast step at 21 ms (5e-4) at one load. With the
+    # denominator dof x mean weight the pair read a spread of 0.02; DerSimonian and Laird's, summed
+    # over the fit's levels, reads the log ratio they show (2.66, an sd of 1.9).
+    assert log_scatter([(10, math.log(21.0), 5e-4, 100), (10, math.log(300.25), 1e-8, 100)]) > 1.5
+    # Two steps of equal precision: both denominators agree, and so does the unweighted estimator.
+    pair = [(10, 0.0, 0.01, 100), (10, 0.5, 0.01, 100)]
+    assert math.isclose(log_scatter(pair) ** 2, 0.5**2 / 2 - 0.01, rel_tol=1e-9)
+
+
+def test_the_between_step_variance_is_read_without_bias_where_step_lengths_mix() -> None:
+    # Three loads, each measured by one 10-request and two 100-request steps, with a true
+    # between-step sd of 0.1 on the log scale and a figure rising with load.
+    rng = np.random.default_rng(7)
+    estimates = []
+    for _ in range(400):
+        points = []
+        for load in (40, 44, 48):
+            for n in (10, 100, 100):
+                within = 0.5 / n
+                value = 0.02 * load + rng.normal(0, 0.1) + rng.normal(0, math.sqrt(within))
+                points.append((load, value, within, n))
+        estimates.append(log_scatter(points) ** 2)
+    assert 0.0085 < float(np.mean(estimates)) < 0.0115
 
 
 def test_a_close_slowly_drifting_step_well_under_the_bound_is_not_held_by_its_neighbours_quantile_tau() -> None:
