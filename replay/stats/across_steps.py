@@ -417,13 +417,19 @@ def _scatter(points: Sequence[tuple[float, float, float | None, int | None]]) ->
         # DerSimonian-Laird's denominator, summed over the fit's blocks (the steps whose loads share
         # a fitted level): E[Q] = dof + tau2 x sum(S1 - S2 / S1). dof x mean weight equals it only
         # for equal weights; beside a near-exact step it read the scatter 10^4 times too small.
+        blocks_of: dict[float, list[float]] = {}
+        for (x, _, _, _), w in zip(points, weights):
+            blocks_of.setdefault(fitted[x], []).append(w)
+        # S1 - S2 / S1 = 2 x sum over pairs of w_i x w_j / S1, summed pair by pair: the subtraction
+        # cancels to 0 in floating point once one weight is 10^16 times another, the very case
+        # this estimator must see. dof >= 1 leaves a block of two steps or more, so it is > 0.
         denominator = 0.0
-        for level in set(fitted.values()):
-            block = [w for (x, _, _, _), w in zip(points, weights) if fitted[x] == level]
-            s1 = sum(block)
-            denominator += s1 - sum(w * w for w in block) / s1
-        if denominator <= 0:
-            return 0.0, True
+        for block in blocks_of.values():
+            before = pairs = 0.0
+            for w in sorted(block):
+                pairs += w * before
+                before += w
+            denominator += 2 * pairs / before
         return math.sqrt(max(0.0, (q - dof) / denominator)), True
     rss = sum((y - fitted[x]) ** 2 for x, y, _, _ in points)
     own = [v for v in variances if v is not None]

@@ -131,6 +131,9 @@ def test_a_near_exact_step_beside_a_noisy_one_still_shows_their_scatter() -> Non
     # denominator dof x mean weight the pair read a spread of 0.02; DerSimonian and Laird's, summed
     # over the fit's levels, reads the log ratio they show (2.66, an sd of 1.9).
     assert log_scatter([(10, math.log(21.0), 5e-4, 100), (10, math.log(300.25), 1e-8, 100)]) > 1.5
+    # A step exact to the last bit (within variance 1e-30): S1 - S2 / S1 taken as a subtraction
+    # cancels to 0 there; the pairs' sum does not.
+    assert log_scatter([(10, math.log(21.0), 5e-4, 100), (10, math.log(300.25), 1e-30, 100)]) > 1.5
     # Two steps of equal precision: both denominators agree, and so does the unweighted estimator.
     pair = [(10, 0.0, 0.01, 100), (10, 0.5, 0.01, 100)]
     assert math.isclose(log_scatter(pair) ** 2, 0.5**2 / 2 - 0.01, rel_tol=1e-9)
