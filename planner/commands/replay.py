@@ -52,8 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--speed", type=float, default=1.0, help="trace speed factor (default 1.0)")
     load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedules and think times (saved in the results)")
     load.add_argument(
-        "--request-order", choices=get_args(RequestOrder), default="mixed",
-        help="mixed (default): every step's requests hold the corpus's mix of lengths; file: the corpus file's order",
+        "--request-order", choices=get_args(RequestOrder), default="balanced",
+        help="balanced (default): every step's requests keep the corpus's mean KV-cache holding; mixed: they hold "
+        "its mix of estimated lengths; file: the corpus file's order",
     )
     load.add_argument(
         "--ramp-s", type=float, default=None,

@@ -70,7 +70,8 @@ async def confirm_on_fresh_server(
             await client.check()
             # The point's steps size the closed loop's ramp-up (one request duration at the nearest load).
             replay = Replay(
-                client, ctx.corpus, settings.replay, settings.slo.rules(), probes=probes, known_steps=result.steps
+                client, ctx.corpus, settings.replay, settings.slo.rules(), probes=probes, known_steps=result.steps,
+                prompt_tokens=ctx.prompt_tokens,
             )
             for _ in range(settings.replay.disturbed_retries + 1):
                 step = await replay.step(Concurrency(concurrency))

@@ -478,6 +478,7 @@ class PointRunner:
                 server_start=self.start_index,
                 # The earlier starts' steps size each closed loop's ramp-up from the first step on.
                 known_steps=r.steps,
+                prompt_tokens=ctx.prompt_tokens,
             )
             if self._tie_break():
                 # The starts disagree: this one searches on its own steps, from the highest of their

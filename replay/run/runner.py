@@ -99,6 +99,7 @@ class Replay:
         probes: Callable[[], list[WindowProbe]] | None = None,
         server_start: int | None = None,
         known_steps: Sequence[StepResult] = (),
+        prompt_tokens: Sequence[int] | None = None,
     ) -> None:
         self.client = client
         # Steps measured on the same point before this run (a first start's, for a fresh server's
@@ -121,7 +122,9 @@ class Replay:
         self.cursor = (
             SessionCursor(corpus.sessions)
             if corpus.sessions is not None
-            else RequestCursor(send_order(corpus.requests, settings.request_order, settings.max_tokens))
+            # The server tokenizer's prompt counts, where the caller has them, balance the order on
+            # what the KV cache really holds (replay.load.order).
+            else RequestCursor(send_order(corpus.requests, settings.request_order, settings.max_tokens, prompt_tokens))
         )
         self.think = ThinkTime(settings.think_time_s, settings.think_time_distribution, settings.seed)
         self.think_per_request_s = (

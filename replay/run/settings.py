@@ -37,11 +37,13 @@ class ReplaySettings(BaseModel):
     trace_speed: float = Field(default=1.0, gt=0)
     # Seed of the open-loop arrivals and think times; saved with the results.
     seed: int = 0
-    # The order requests are sent in: "mixed" ranks them by estimated tokens and interleaves the
-    # ranks so that every step's requests hold the corpus's mix of lengths, wherever in the corpus
-    # the step starts (replay.load.order); "file" sends them as the file lists them. Not used for a
-    # trace (its timestamps order it) or a session corpus.
-    request_order: RequestOrder = "mixed"
+    # The order requests are sent in: "balanced" keeps what the KV cache holds on average (prompt
+    # plus half the output, over the output's decode steps) the corpus's in every run of consecutive
+    # requests, wherever in the corpus a step starts (replay.load.order); "mixed" (the default
+    # before a balanced order) ranks them by estimated tokens and interleaves the ranks; "file"
+    # sends them as the file lists them. Not used for a trace (its timestamps order it) or a
+    # session corpus.
+    request_order: RequestOrder = "balanced"
     # A closed loop's ramp-up, in seconds: its workers start evenly over it instead of all at once
     # (replay.load.drivers), and the window opens no sooner. Unset: one request duration, as the
     # run's earlier step nearest in load measured it (its load over its throughput; none on a run's
