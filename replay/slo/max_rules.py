@@ -23,8 +23,11 @@ window's length:
   longer fails a window; a cache that sits full does, at any length. The share is judged on at
   least `KV_MIN_SAMPLES` samples: on fewer, one sample above b is already a share over the
   limit, and a window of 12 samples would fail on one brief peak, as the old peak rule did.
-  Such a window measures on (replay.step.window) and, if it still has too few, is inconclusive;
-  a share that would stay over the limit even at `KV_MIN_SAMPLES` fails at once.
+  Such a window measures on (replay.step.window) and, if it still has too few, is inconclusive.
+  A window may close as a failure before its minimum only once its share would stay over the
+  limit even on the samples the whole minimum window would hold (replay.step.window's
+  projection), so that a step is not failed on its first seconds by a share that the same
+  samples, met later in a full window, would pass.
 
 A result without these figures (an older file, a server without metrics) is judged as before.
 """
@@ -135,20 +138,20 @@ def saw_no_work(samples: Sequence[Sample]) -> bool:
     return bool(samples) and all(s.running == 0 for s in samples)
 
 
-def kv_share_verdict(above: int, n: int) -> Verdict | None:
+def kv_share_verdict(above: int, n: int, floor: int = KV_MIN_SAMPLES) -> Verdict | None:
     """The KV rule on `above` of `n` samples over its bound: pass at a share within the limit, fail
-    when even `KV_MIN_SAMPLES` samples would leave it over the limit, else inconclusive (too few
-    samples to tell a brief peak from a full cache); None without samples."""
+    when even `floor` samples (at least `KV_MIN_SAMPLES`) would leave it over the limit, else
+    inconclusive (too few samples to tell a brief peak from a full cache); None without samples."""
     if n == 0:
         return None
     if above / n <= KV_ABOVE_SHARE_LIMIT:
         return "pass"
-    return "fail" if above / max(n, KV_MIN_SAMPLES) > KV_ABOVE_SHARE_LIMIT else "inconclusive"
+    return "fail" if above / max(n, floor, KV_MIN_SAMPLES) > KV_ABOVE_SHARE_LIMIT else "inconclusive"
 
 
-def kv_verdict_on(usage: Sequence[float], bound: float) -> Verdict | None:
-    """The KV rule on a window's usage samples (so far, while it runs)."""
-    return kv_share_verdict(sum(1 for u in usage if u > bound), len(usage))
+def kv_verdict_on(usage: Sequence[float], bound: float, floor: int = KV_MIN_SAMPLES) -> Verdict | None:
+    """The KV rule on a window's usage samples (so far, while it runs; `floor`: see kv_share_verdict)."""
+    return kv_share_verdict(sum(1 for u in usage if u > bound), len(usage), floor)
 
 
 def kv_samples_above(step: StepResult) -> int | None:

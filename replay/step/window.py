@@ -272,6 +272,21 @@ async def watch(state: WindowState, stop_sending: asyncio.Event, abort: asyncio.
         await asyncio.sleep(0.05)
 
 
+def minimum_window_samples(state: WindowState, samples: int, last_s: float) -> int:
+    """How many /metrics samples the window will hold at its minimum: its samples so far, at the
+    rate they came, over SIZE_FACTOR times the minimum's expected wall time (expected_window_s,
+    which reads short: requests still running when they would be counted are not). 0 when the
+    warm-up measured no request duration."""
+    if state.open_s is None or state.request_duration_s is None or last_s <= state.open_s:
+        return 0
+    cycle_s = state.request_duration_s + state.settings.think_per_request_s
+    expected = expected_window_s(state.load, state.settings.min_requests, cycle_s)
+    if expected is None:
+        return 0
+    expected = max(state.settings.min_window_s, SIZE_FACTOR * expected)
+    return math.floor(samples / (last_s - state.open_s) * expected)
+
+
 def gauges_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None, state: WindowState) -> Callable[[float], bool] | None:
     """Whether vLLM's gauges inside the window already broke a server-side SLO (preemptions,
     KV-cache usage, waiting requests): the step is a failure whatever else it measures."""
@@ -291,10 +306,12 @@ def gauges_broke(scraper: MetricsScraper | None, slo: Mapping[str, float] | None
         if not inside:
             return False
         # The share of the window above the bound (replay.slo.max_rules), once it would stay over the
-        # limit even on enough samples.
+        # limit even on the samples the minimum window will hold.
         kv_bound = bounds.get("kv_cache_usage_max")
-        if kv_bound is not None and max_rules.kv_verdict_on(max_rules.kv_usage_inside(inside, state.open_s), kv_bound) == "fail":
-            return True
+        if kv_bound is not None:
+            usage = max_rules.kv_usage_inside(inside, state.open_s)
+            if max_rules.kv_verdict_on(usage, kv_bound, minimum_window_samples(state, len(usage), inside[-1].t_s)) == "fail":
+                return True
         waiting = [x.waiting for x in inside if x.waiting is not None]
         if "max_waiting" in bounds and waiting and max(waiting) > bounds["max_waiting"]:
             return True

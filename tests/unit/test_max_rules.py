@@ -104,7 +104,7 @@ def test_the_kv_share_is_judged_on_enough_samples_to_tell_a_brief_peak_from_a_fu
     assert slo.verdicts(old, rule)[0] == {"kv_cache_usage_max": "fail"}
 
 
-def _kv_step(metrics, *, min_requests: int):
+def _kv_step(metrics, *, min_requests: int, warmup_requests: int = 0):
     """One step of 4 in flight, judged on the KV rule alone, against /metrics text that
     `metrics(n)` gives for the n-th scrape (1, 2, ...; scraped every 20 ms)."""
     scrapes = 0
@@ -116,7 +116,7 @@ def _kv_step(metrics, *, min_requests: int):
 
     async def go():
         scraper = MetricsScraper(text, interval_s=0.02)
-        window = Window(warmup_requests=0, min_requests=min_requests, max_requests=4000, max_window_s=30.0)
+        window = Window(warmup_requests=warmup_requests, min_requests=min_requests, max_requests=4000, max_window_s=30.0)
         return await run_step(
             SleepySender(latency_s=0.02), RequestCursor(CORPUS), Concurrency(4), window, scraper=scraper,
             slo={"kv_cache_usage_max": 0.95},
@@ -139,6 +139,37 @@ def test_a_window_that_caught_one_brief_kv_peak_measures_on_until_the_share_can_
     assert step.kv_cache_above_share <= max_rules.KV_ABOVE_SHARE_LIMIT
     assert step.slo_verdicts == {"kv_cache_usage_max": "pass"} and step.slo_pass
     assert step.window_closed_by in ("verdict", "requests") and step.requests_ok < 4000
+
+
+def test_an_early_kv_fail_needs_a_share_the_whole_minimum_window_could_not_bring_under_the_limit():
+    verdict = max_rules.kv_share_verdict
+    # 2 samples above in the first 20 failed a window at once, though a window of 48 samples with
+    # the same 2 passes: the early close judged the first seconds by a stricter share. Projected
+    # onto the 48 samples the minimum window will hold, 2 do not fail it yet; 3 do.
+    assert verdict(2, 20) == "fail" and verdict(2, 20, floor=48) == "inconclusive"
+    assert verdict(3, 20, floor=48) == "fail" and verdict(2, 48) == "pass"
+    assert verdict(2, 60, floor=48) == "pass"
+
+    peak = (6, 7)
+
+    def metrics(scrape: int) -> str:
+        # Two samples above the bound early in the window, the rest well under it.
+        usage = 0.99 if scrape in peak else 0.5
+        return f'# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name="m"}} {usage}\n'
+
+    # The warm-up measures the request duration, which sizes the minimum window's samples.
+    step = _kv_step(metrics, min_requests=200, warmup_requests=4)
+    assert step.kv_cache_samples > 40
+    assert step.kv_cache_above_share * step.kv_cache_samples == pytest.approx(2)
+    assert step.slo_verdicts == {"kv_cache_usage_max": "pass"} and step.requests_ok >= 200
+
+    def full(scrape: int) -> str:
+        usage = 0.99 if scrape >= 6 else 0.5
+        return f'# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name="m"}} {usage}\n'
+
+    # A cache that sits full still fails the window early.
+    step = _kv_step(full, min_requests=200, warmup_requests=4)
+    assert step.slo_verdicts["kv_cache_usage_max"] == "fail" and step.requests_ok < 200
 
 
 def test_a_kv_share_from_samples_that_saw_no_work_is_undecided():
