@@ -146,6 +146,15 @@ class WindowState:
     def closed(self) -> bool:
         return self.close_s is not None
 
+    def sized_s(self, requests: int) -> float | None:
+        """SIZE_FACTOR times the expected wall time of `requests` measured requests, from the
+        warm-up's request duration (at least min_window_s); None before the warm-up measured one."""
+        if self.request_duration_s is None:
+            return None
+        cycle_s = self.request_duration_s + self.settings.think_per_request_s
+        expected = expected_window_s(self.load, requests, cycle_s)
+        return None if expected is None else max(self.settings.min_window_s, SIZE_FACTOR * expected)
+
     def close(self, now: float, reason: str) -> None:
         self.close_s = now
         self.closed_by = reason
@@ -156,11 +165,8 @@ class WindowState:
         if self.warmup_durations:
             self.request_duration_s = sum(self.warmup_durations) / len(self.warmup_durations)
         limit = self.settings.max_window_s
-        if limit is None and self.request_duration_s is not None:
-            cycle_s = self.request_duration_s + self.settings.think_per_request_s
-            expected = expected_window_s(self.load, self.settings.max_requests or self.settings.min_requests, cycle_s)
-            if expected is not None:
-                limit = max(self.settings.min_window_s, SIZE_FACTOR * expected)
+        if limit is None:
+            limit = self.sized_s(self.settings.max_requests or self.settings.min_requests)
         self.limit_s = limit
         self.on_open()
 
@@ -277,13 +283,9 @@ def minimum_window_samples(state: WindowState, samples: int, last_s: float) -> i
     rate they came, over SIZE_FACTOR times the minimum's expected wall time (expected_window_s,
     which reads short: requests still running when they would be counted are not). 0 when the
     warm-up measured no request duration."""
-    if state.open_s is None or state.request_duration_s is None or last_s <= state.open_s:
+    expected = state.sized_s(state.settings.min_requests)
+    if state.open_s is None or expected is None or last_s <= state.open_s:
         return 0
-    cycle_s = state.request_duration_s + state.settings.think_per_request_s
-    expected = expected_window_s(state.load, state.settings.min_requests, cycle_s)
-    if expected is None:
-        return 0
-    expected = max(state.settings.min_window_s, SIZE_FACTOR * expected)
     return math.floor(samples / (last_s - state.open_s) * expected)
 
 

@@ -11,10 +11,9 @@ import pytest
 
 from planner.commands.replay import settings_from_args
 from planner.sweep.results import SweepResults
-from replay.corpus.jsonl import CorpusRequest, load_corpus
-from replay.load.drivers import RequestCursor
-from replay.corpus.jsonl import request_text
+from replay.corpus.jsonl import CorpusRequest, load_corpus, request_text
 from replay.corpus.lengths import estimate_tokens
+from replay.load.drivers import RequestCursor
 from replay.load.order import balanced_order, bit_reversed, mixed_order, output_lengths, request_weights, send_order
 from replay.results import ReplayResults
 from replay.run.runner import Replay
